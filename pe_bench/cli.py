@@ -40,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pe_bench import tracking
 from pe_bench.config import config_hash, from_node, to_dict
-from pe_bench.data import eval_stream, load_corpus
+from pe_bench.data import check_config, eval_stream, load_corpus
 from pe_bench.errors import UserError
 from pe_bench.evaluate import EvalConfig, bits_per_byte, scheme_swapped, score
 from pe_bench.model import GPT, ModelConfig, build_model
@@ -154,6 +154,7 @@ def plan(cfg: DictConfig) -> Plan:
     pe_cfg = to_dict(cfg.pe)
     if not isinstance(pe_cfg, dict) or "name" not in pe_cfg:
         raise UserError("pe must be a scheme config with a name; pick one with pe=<name>")
+    check_config(to_dict(cfg.data))
     model = build_model(model_cfg, pe_cfg, train_cfg.seq_len, train_cfg.seed)
     if model.pe.variant_of:
         raise UserError(

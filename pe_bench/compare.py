@@ -335,10 +335,12 @@ def describe(comparison: Comparison) -> list[str]:
         out.append(f"{best}; {worst}.")
     for row in past.itertuples():
         if row.flipped:
-            pairs = "; ".join(
-                f"the paper has {a} better than {b}, this run the reverse" for a, b in row.flipped
+            pairs = ", ".join(f"{a} over {b}" for a, b in row.flipped)
+            out.append(
+                f"At {row.ratio_len:.1f}x this run reverses {row.disagree} of the "
+                f"{row.agree + row.disagree} pairs the paper orders (its better scheme first): "
+                f"{pairs}."
             )
-            out.append(f"At {row.ratio_len:.1f}x the orders differ: {pairs}.")
     for label, rows in cells.groupby("label", sort=False):
         rows = rows.dropna(subset=["paper_ratio", "ours_ratio"])
         rows = rows[rows["ratio_len"] > 1]

@@ -110,7 +110,8 @@ def test_sentences_say_where_they_agree_and_where_not(comparison):
         "Rank order past the training length (2.0x, 4.0x): the paper and this run order 5 of 6 "
         "scheme pairs the same way (Kendall tau +0.67).",
         "Both rank b best at 4.0x; both rank c worst.",
-        "At 2.0x the orders differ: the paper has a better than c, this run the reverse.",
+        "At 2.0x this run reverses 1 of the 3 pairs the paper orders (its better scheme first): "
+        "a over c.",
         "a degrades in both: at 4.0x, 4.00x its training-length value in the paper, 2.50x here.",
         "b degrades in both: at 4.0x, 1.20x its training-length value in the paper, 1.20x here.",
         "c degrades in both: at 4.0x, >10.0x its training-length value in the paper, 3.00x here.",

@@ -52,25 +52,34 @@ SCHEME_ORDER = ("nope", "sinusoidal", "learned", "t5", "xl", "rope", "alibi")
 VARIANT_ORDER = ("none", "pi", "ntk")
 
 
+def finetunes(df: pd.DataFrame) -> pd.Series:
+    """The fine-tune of each record's model: ``none`` for a model as trained."""
+    if "finetune" not in df:
+        return pd.Series("none", index=df.index)
+    return df["finetune"].fillna("none")
+
+
 def label(df: pd.DataFrame) -> pd.Series:
-    """Display name of each record: the scheme, with ``+variant`` for eval-time variants."""
-    return df["scheme"].where(df["variant"] == "none", df["scheme"] + "+" + df["variant"])
+    """Display name of each record: the scheme, with ``+variant`` for eval-time variants and
+    ``:finetune`` for a fine-tuned model (e.g. ``rope:pi``)."""
+    lab = df["scheme"].where(df["variant"] == "none", df["scheme"] + "+" + df["variant"])
+    tuned = finetunes(df)
+    return lab.where(tuned == "none", lab + ":" + tuned)
 
 
-def order_key(scheme: str, variant: str = "none") -> tuple:
-    """Sort key of a (scheme, variant) pair in the canonical row order."""
+def order_key(scheme: str, variant: str = "none", finetune: str = "none") -> tuple:
+    """Sort key of a (scheme, variant, fine-tune) in the canonical row order: the trained
+    model's rows first, fine-tuned models after them in alphabetical order."""
     s = SCHEME_ORDER.index(scheme) if scheme in SCHEME_ORDER else len(SCHEME_ORDER)
     v = VARIANT_ORDER.index(variant) if variant in VARIANT_ORDER else len(VARIANT_ORDER)
-    return (s, scheme, v, variant)
+    return (s, scheme, finetune != "none", finetune, v, variant)
 
 
 def label_order(df: pd.DataFrame) -> list[str]:
     """The labels of ``df`` in canonical order."""
-    pairs = df[["label", "scheme", "variant"]].drop_duplicates()
-    return [
-        row.label
-        for row in sorted(pairs.itertuples(), key=lambda r: order_key(r.scheme, r.variant))
-    ]
+    keys = df[["label", "scheme", "variant"]].assign(finetune=finetunes(df)).drop_duplicates()
+    rows = sorted(keys.itertuples(), key=lambda r: order_key(r.scheme, r.variant, r.finetune))
+    return [row.label for row in rows]
 
 
 def t_interval(values: Iterable[float]) -> tuple[int, float, float, float]:
@@ -257,20 +266,28 @@ def position_loss(positions: pd.DataFrame, df: pd.DataFrame, per_octave: int = 4
 
 
 def training_curves(curve: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
-    """Training and validation loss by step per trained scheme of ``df``, mean and 95% CI over
-    seeds. Columns: label (the scheme), split (train or valid), step, n, mean, ci_low, ci_high."""
+    """Training and validation loss by step per trained (or fine-tuned) model of ``df``, mean
+    and 95% CI over seeds. Columns: label (the scheme, or ``scheme:finetune`` for a fine-tuning
+    at its longer length), split (train or valid), step, n, mean, ci_low, ci_high."""
     columns = ["label", "split", "step", "n", "mean", "ci_low", "ci_high"]
     if curve.empty:
         return pd.DataFrame(columns=columns)
-    schemes = df[["run_id", "scheme"]].drop_duplicates()
-    curve = curve.merge(schemes, on="run_id")
-    order = sorted(curve["scheme"].unique(), key=order_key)
+    tuned = finetunes(df)
+    models = df[["run_id", "scheme"]].assign(
+        finetune=tuned, label=df["scheme"].where(tuned == "none", df["scheme"] + ":" + tuned)
+    )
+    curve = curve.merge(models.drop_duplicates(), on="run_id")
+    keys = curve[["label", "scheme", "finetune"]].drop_duplicates()
+    order = [
+        k.label
+        for k in sorted(keys.itertuples(), key=lambda k: order_key(k.scheme, "none", k.finetune))
+    ]
     rows = []
     for split, column in (("train", "loss"), ("valid", "val_loss")):
         if column not in curve:
             continue
-        for scheme in order:
-            points = curve[curve["scheme"] == scheme].dropna(subset=[column])
+        for lab in order:
+            points = curve[curve["label"] == lab].dropna(subset=[column])
             for step, at in points.groupby("step"):
-                rows.append([scheme, split, int(step), *t_interval(at[column].astype(float))])
+                rows.append([lab, split, int(step), *t_interval(at[column].astype(float))])
     return pd.DataFrame(rows, columns=columns)

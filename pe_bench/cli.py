@@ -9,10 +9,16 @@ Every job folder is named after its overrides, so rerunning a command finds its 
 a job whose records are complete is skipped, a job killed mid-training resumes from its last
 checkpoint, a job killed mid-evaluation computes only its missing records. ``force=true``
 starts over.
+
+``finetunes`` (optional, e.g. ``+finetune@finetunes.pi=pi``) continue the trained model at a
+longer length (Chen et al. 2023's FT and PI) and evaluate each fine-tuned model too; a
+fine-tuned model has its own run id, checkpoint (``checkpoint-<key>.pt``) and records, labelled
+``<scheme>:<key>``. The trained model's records are the same with or without fine-tunes.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import importlib.resources
@@ -34,7 +40,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pe_bench import tracking
 from pe_bench.config import config_hash, from_node, to_dict
-from pe_bench.data import eval_stream, load_corpus
+from pe_bench.data import check_config, eval_stream, load_corpus
 from pe_bench.distributed import current_world, rank_from_env
 from pe_bench.errors import UserError
 from pe_bench.evaluate import EvalConfig, bits_per_byte, scheme_swapped, score
@@ -51,11 +57,11 @@ from pe_bench.results import (
     reset_peak_memory,
     write_jsonl,
 )
-from pe_bench.train import Diverged, TrainConfig, fit, resolve_device
+from pe_bench.train import Diverged, FinetuneConfig, TrainConfig, fit, resolve_device
 
 log = logging.getLogger("pe_bench")
 
-CHECKPOINT = "checkpoint.pt"
+CHECKPOINT = "checkpoint.pt"  # fine-tunes: checkpoint-<key>.pt
 FAILED = "error.txt"  # written into a job folder when the job stopped on bad input
 
 
@@ -116,11 +122,32 @@ def eval_schemes(
     return schemes
 
 
-def plan(cfg: DictConfig) -> tuple[GPT, list[EvalTask], int]:
+@dataclass(frozen=True)
+class Finetune:
+    """One fine-tuning of the trained model (``finetunes.<key>``) and the records it owes."""
+
+    key: str
+    config_hash: str  # of the fine-tune's config: a changed fine-tune retrains and recomputes
+    cfg: FinetuneConfig
+    scheme: PositionScheme  # the scheme it fine-tunes and evaluates with
+    tasks: list[EvalTask]
+
+    def run_id(self, trained_run_id: str) -> str:
+        return f"{trained_run_id}:{self.key}-{self.config_hash}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: GPT
+    tasks: list[EvalTask]  # of the trained model
+    n_targets: int  # eval targets, the same at every length
+    finetunes: list[Finetune]
+
+
+def plan(cfg: DictConfig) -> Plan:
     """Build the model and list the evaluations, refusing anything that cannot be served.
 
     Everything that can be refused is checked here, before any data is read or any training.
-    Returns the model, the tasks, and the number of eval targets.
     """
     model_cfg = from_node(ModelConfig, cfg.model, "model")
     train_cfg = from_node(TrainConfig, cfg.train, "train")
@@ -128,6 +155,7 @@ def plan(cfg: DictConfig) -> tuple[GPT, list[EvalTask], int]:
     pe_cfg = to_dict(cfg.pe)
     if not isinstance(pe_cfg, dict) or "name" not in pe_cfg:
         raise UserError("pe must be a scheme config with a name; pick one with pe=<name>")
+    check_config(to_dict(cfg.data))
     model = build_model(model_cfg, pe_cfg, train_cfg.seq_len, train_cfg.seed)
     if model.pe.variant_of:
         raise UserError(
@@ -136,27 +164,52 @@ def plan(cfg: DictConfig) -> tuple[GPT, list[EvalTask], int]:
             "included by default)"
         )
     lengths = eval_cfg.eval_lengths(train_cfg.seq_len)
-    tasks = []
-    for variant, variant_hash, scheme in eval_schemes(pe_cfg, eval_cfg.variants or {}, model.pe):
-        for length in lengths:
-            scheme.check_length(length)
-            for mode in eval_cfg.modes:
-                stride = eval_cfg.stride_for(mode, length, train_cfg.seq_len)
-                tasks.append(EvalTask(variant, variant_hash, scheme, length, mode, stride))
-    return model, tasks, eval_cfg.n_targets(lengths)
+
+    def tasks_of(schemes: list[tuple[str, str, PositionScheme]]) -> list[EvalTask]:
+        tasks = []
+        for variant, variant_hash, scheme in schemes:
+            for length in lengths:
+                scheme.check_length(length)
+                for mode in eval_cfg.modes:
+                    stride = eval_cfg.stride_for(mode, length, train_cfg.seq_len)
+                    tasks.append(EvalTask(variant, variant_hash, scheme, length, mode, stride))
+        return tasks
+
+    finetunes = []
+    for key, node in (to_dict(cfg.get("finetunes")) or {}).items():
+        ft_cfg = from_node(FinetuneConfig, node, f"finetunes.{key}")
+        ft_cfg.train_config(train_cfg)  # refuses bad values now, not after training
+        with torch.random.fork_rng(devices=[]):  # the trained run's random stream stays as is
+            scheme = build_scheme(ft_cfg.pe or pe_cfg, model.pe.dims)
+        if scheme.name != model.pe.name and scheme.variant_of != model.pe.name:
+            log.info(
+                "finetunes.%s (%s) applies to %s, not %s",
+                key,
+                scheme.name,
+                scheme.variant_of,
+                model.pe.name,
+            )
+            continue
+        # A fine-tuned model is evaluated as it was fine-tuned: no eval-time variants.
+        ft_tasks = tasks_of([("none", "", scheme)])
+        finetunes.append(Finetune(key, config_hash(node), ft_cfg, scheme, ft_tasks))
+    schemes = eval_schemes(pe_cfg, eval_cfg.variants or {}, model.pe)
+    return Plan(model, tasks_of(schemes), eval_cfg.n_targets(lengths), finetunes)
 
 
 def run(cfg: DictConfig, out_dir: Path) -> list[dict[str, Any]]:
-    """Train the configured model, evaluate it at every eval length, write ``out_dir`` records.
+    """Train the configured model, evaluate it at every eval length, write ``out_dir`` records;
+    then the same for each fine-tune of it.
 
     Returns every record of the run (cached ones included).
     """
-    model, tasks, n_targets = plan(cfg)
+    job = plan(cfg)
+    model = job.model
     train_cfg = from_node(TrainConfig, cfg.train, "train")
     eval_cfg = from_node(EvalConfig, cfg.eval, "eval")
     scheme_name = model.pe.name
     corpus = load_corpus(to_dict(cfg.data))
-    stream = eval_stream(corpus, n_targets)
+    stream = eval_stream(corpus, job.n_targets)
     device = resolve_device(train_cfg.device)
     world = current_world(device.type)  # several processes under torchrun
     if device.type == "cuda" and world.size > 1:
@@ -170,22 +223,41 @@ def run(cfg: DictConfig, out_dir: Path) -> list[dict[str, Any]]:
     # another rank may be deleting: force=true ignores what is there; rank 0 alone deletes it.
     force = bool(cfg.get("force", False))
     if force and world.main:
-        for name in (RECORDS, POSITIONS, CURVE, CHECKPOINT):
-            (out_dir / name).unlink(missing_ok=True)
+        for path in [out_dir / RECORDS, out_dir / POSITIONS, out_dir / CURVE]:
+            path.unlink(missing_ok=True)
+        for path in out_dir.glob("checkpoint*.pt"):
+            path.unlink()
         log.info("force=true: recomputing %s from scratch", out_dir)
 
-    # Records of this very run (same config and corpus) are kept; the rest is stale.
+    # Records of this very run (same configs and corpus) are kept; the rest is stale.
+    run_ids = {run_id} | {ft.run_id(run_id) for ft in job.finetunes}
+
     def ours(name: str) -> list[dict]:
         if force or not (out_dir / name).exists():
             return []
         rows = read_jsonl(out_dir / name)
-        return [r for r in rows if r.get("run_id") == run_id and r.get("corpus_sha") == corpus.sha]
+        return [r for r in rows if r.get("run_id") in run_ids and r.get("corpus_sha") == corpus.sha]
 
     records = [r for r in ours(RECORDS) if r.get("status") != "skipped"]  # skipped: retried
     positions = ours(POSITIONS)
-    done = {record_key(r) for r in records}
-    todo = [t for t in tasks if t.key(n_targets) not in done]
-    if not todo:
+    done = {(r["run_id"], *record_key(r)) for r in records}
+    curves: dict[str, list[dict]] = {}  # run id -> training curve, the trained model's first
+    for row in ours(CURVE):
+        curves.setdefault(row["run_id"], []).append(row)
+
+    def write_curve(rid: str, points: list[dict]) -> None:
+        curves[rid] = [{"run_id": rid, **point} for point in points]
+        order = [run_id, *(ft.run_id(run_id) for ft in job.finetunes)]
+        write_jsonl(out_dir / CURVE, [row for r in order for row in curves.get(r, [])])
+
+    def missing(rid: str, tasks: list[EvalTask]) -> list[EvalTask]:
+        return [t for t in tasks if (rid, *t.key(job.n_targets)) not in done]
+
+    todo = missing(run_id, job.tasks)
+    ft_todo = {ft.key: missing(ft.run_id(run_id), ft.tasks) for ft in job.finetunes}
+    n_tasks = len(job.tasks) + sum(len(ft.tasks) for ft in job.finetunes)
+    n_todo = len(todo) + sum(map(len, ft_todo.values()))
+    if not n_todo:
         log.info(
             "%s: all %d records are there (run %s): skipped; force=true recomputes",
             out_dir,
@@ -198,8 +270,8 @@ def run(cfg: DictConfig, out_dir: Path) -> list[dict[str, Any]]:
     log.info(
         "run %s: %d of %d records to compute, %s parameters, %s",
         run_id,
-        len(todo),
-        len(tasks),
+        n_todo,
+        n_tasks,
         f"{model.num_params()['params']:,}",
         corpus.describe(),
     )
@@ -228,6 +300,79 @@ def run(cfg: DictConfig, out_dir: Path) -> list[dict[str, Any]]:
         folder=out_dir,
         config={**OmegaConf.to_container(cfg, resolve=True), "run_id": run_id},
     )
+
+    def diverged(fields: dict, tasks: list[EvalTask], err: Diverged) -> None:
+        log.error("%s: %s; recorded as diverged", fields["run_id"], err)
+        nothing = {"nll": None, "ppl": None, "bpb": None}
+        for task in tasks:
+            status = {"status": "diverged", "diverged_step": err.step}
+            records.append({**fields, **_task_fields(task, job.n_targets), **status, **nothing})
+        write_jsonl(out_dir / RECORDS, records)
+
+    def evaluate(net: GPT, fields: dict, tasks: list[EvalTask], suffix: str = "") -> None:
+        """Score ``tasks`` with ``net``, appending records and per-position losses."""
+        for task in tasks:
+            start = time.perf_counter()
+            reset_peak_memory(device)
+            variant = "" if task.variant == "none" else f"+{task.variant}"
+            label = scheme_name + variant + suffix
+            try:
+                with scheme_swapped(net, task.scheme):
+                    result = score(
+                        net,
+                        stream,
+                        task.eval_len,
+                        task.mode,
+                        task.stride,
+                        eval_cfg.batch_tokens,
+                        device,
+                        desc=f"eval {label} L={task.eval_len}",
+                    )
+            except (torch.OutOfMemoryError, MemoryError, RuntimeError) as err:
+                if not is_out_of_memory(err):
+                    raise
+                reason = f"out of memory at L={task.eval_len}: {str(err).splitlines()[0][:200]}"
+                log.error("%s: %s; recorded as skipped", label, reason)
+                records.append(
+                    {
+                        **fields,
+                        **_task_fields(task, job.n_targets),
+                        "status": "skipped",
+                        "reason": reason,
+                        "nll": None,
+                        "ppl": None,
+                        "bpb": None,
+                    }
+                )
+                write_jsonl(out_dir / RECORDS, records)
+                continue
+            records.append(
+                {
+                    **fields,
+                    **_task_fields(task, job.n_targets),
+                    "status": "ok",
+                    "nll": result.nll,
+                    "ppl": math.exp(result.nll),
+                    "bpb": bits_per_byte(result.nll, corpus.bytes_per_token),
+                    "time_s": round(time.perf_counter() - start, 3),
+                    "peak_mem_mb": round(peak_memory_mb(device), 1),
+                }
+            )
+            position_fields = {
+                k: fields[k] for k in ("run_id", "scheme", "finetune") if k in fields
+            }
+            positions.append(
+                {
+                    **position_fields,
+                    **_task_fields(task, job.n_targets),
+                    "loss": result.position_loss(),
+                }
+            )
+            log.info("%s L=%d %s: bpb %.4f", label, task.eval_len, task.mode, records[-1]["bpb"])
+            # rewritten whole after each record: a kill loses at most the record being computed
+            write_jsonl(out_dir / RECORDS, records)
+            write_jsonl(out_dir / POSITIONS, positions)
+
     try:
         trained = fit(
             model,
@@ -241,96 +386,76 @@ def run(cfg: DictConfig, out_dir: Path) -> list[dict[str, Any]]:
             world=world,
             resume=not force,
         )
-    except Diverged as err:
+    except Diverged as err:  # nothing to evaluate or fine-tune
         if not world.main:
             return []
-        log.error("%s: %s; recorded as diverged", run_id, err)
-        rows = [
-            {
-                **base,
-                **_task_fields(t, n_targets),
-                "status": "diverged",
-                "diverged_step": err.step,
-                "nll": None,
-                "ppl": None,
-                "bpb": None,
-            }
-            for t in tasks
-        ]
-        write_jsonl(out_dir / RECORDS, rows)
-        tracker.log_records(rows)
+        diverged(base, todo, err)
+        for ft in job.finetunes:
+            diverged({**base, **_finetune_fields(ft, run_id, train_cfg)}, ft_todo[ft.key], err)
+        tracker.log_records(records)
         tracker.finish()
-        return rows
-    if not world.main:  # rank 0 evaluates and writes
-        return []
-    write_jsonl(out_dir / CURVE, [{"run_id": run_id, **point} for point in trained.curve])
+        return records
     base.update(
         train_time_s=round(trained.time_s, 2),
         final_train_loss=trained.final_loss,
         final_val_loss=trained.final_val_loss,
     )
+    if world.main:  # rank 0 evaluates and writes; every rank trains the fine-tunes
+        write_curve(run_id, trained.curve)
+        evaluate(model, base, todo)
 
-    for task in todo:
-        start = time.perf_counter()
-        reset_peak_memory(device)
-        label = scheme_name if task.variant == "none" else f"{scheme_name}+{task.variant}"
-        try:
-            with scheme_swapped(model, task.scheme):
-                result = score(
-                    model,
-                    stream,
-                    task.eval_len,
-                    task.mode,
-                    task.stride,
-                    eval_cfg.batch_tokens,
-                    device,
-                    desc=f"eval {label} L={task.eval_len}",
-                )
-        except (torch.OutOfMemoryError, MemoryError, RuntimeError) as err:
-            if not is_out_of_memory(err):
-                raise
-            reason = f"out of memory at L={task.eval_len}: {str(err).splitlines()[0][:200]}"
-            log.error("%s: %s; recorded as skipped", label, reason)
-            records.append(
-                {
-                    **base,
-                    **_task_fields(task, n_targets),
-                    "status": "skipped",
-                    "reason": reason,
-                    "nll": None,
-                    "ppl": None,
-                    "bpb": None,
-                }
-            )
-            write_jsonl(out_dir / RECORDS, records)
+    for ft in job.finetunes:
+        if not ft_todo[ft.key]:
             continue
-        records.append(
-            {
-                **base,
-                **_task_fields(task, n_targets),
-                "status": "ok",
-                "nll": result.nll,
-                "ppl": math.exp(result.nll),
-                "bpb": bits_per_byte(result.nll, corpus.bytes_per_token),
-                "time_s": round(time.perf_counter() - start, 3),
-                "peak_mem_mb": round(peak_memory_mb(device), 1),
-            }
+        fields = {**base, **_finetune_fields(ft, run_id, train_cfg)}
+        tuned = copy.deepcopy(model)  # the trained model stays as it is
+        ft.scheme.load_state_dict(model.pe.state_dict())
+        tuned.pe = ft.scheme.to(device)
+        try:
+            result = fit(
+                tuned,
+                corpus,
+                ft.cfg.train_config(train_cfg),
+                device,
+                desc=f"finetune {scheme_name}:{ft.key}",
+                checkpoint=out_dir / f"checkpoint-{ft.key}.pt",
+                fingerprint=f"{fields['run_id']}-{corpus.sha}",
+                world=world,
+                resume=not force,
+            )
+        except Diverged as err:
+            if world.main:
+                diverged(fields, ft_todo[ft.key], err)
+            continue
+        if not world.main:
+            continue
+        write_curve(fields["run_id"], result.curve)
+        fields.update(
+            finetune_time_s=round(result.time_s, 2),
+            finetune_final_train_loss=result.final_loss,
+            finetune_final_val_loss=result.final_val_loss,
         )
-        positions.append(
-            {
-                "run_id": run_id,
-                "scheme": scheme_name,
-                **_task_fields(task, n_targets),
-                "loss": result.position_loss(),
-            }
-        )
-        log.info("%s L=%d %s: bpb %.4f", label, task.eval_len, task.mode, records[-1]["bpb"])
-        # rewritten whole after each record: a kill loses at most the record being computed
-        write_jsonl(out_dir / RECORDS, records)
-        write_jsonl(out_dir / POSITIONS, positions)
+        evaluate(tuned, fields, ft_todo[ft.key], suffix=f":{ft.key}")
+    if not world.main:
+        return []
     tracker.log_records(records)
     tracker.finish()
     return records
+
+
+def _finetune_fields(ft: Finetune, run_id: str, train_cfg: TrainConfig) -> dict[str, Any]:
+    """What a fine-tuned model's records add to (or change in) the trained model's fields."""
+    tune = ft.cfg.train_config(train_cfg)
+    return {
+        "run_id": ft.run_id(run_id),
+        "finetune": ft.key,
+        "finetune_pe": ft.scheme.name,
+        "finetune_len": tune.seq_len,
+        "finetune_steps": tune.steps,
+        "finetune_tokens": tune.steps * tune.batch_size * tune.seq_len,
+        "finetune_lr": tune.lr,
+        "config_hash": ft.config_hash,
+    }
 
 
 def is_out_of_memory(err: BaseException) -> bool:
@@ -413,10 +538,10 @@ class SweepCallback(Callback):
 
 def _report(root: Path, config: DictConfig) -> None:
     """Write the report of ``root``; with logger=wandb, log it as a run of the sweep's group."""
-    from pe_bench.report import build_report
+    from pe_bench.report import Options, build_report
 
     try:
-        report = build_report(root)
+        report = build_report(root, options=Options(compare=config.get("compare")))
         tracker = tracking.start(
             config.get("logger"),
             name="report",

@@ -33,6 +33,8 @@ from pe_bench.errors import UserError
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid", "test")
+SOURCES = ("stdlib", "text", "hf")
+HF_SPLITS = {"train": "train", "valid": "validation", "test": "test"}  # data.splits default
 STDLIB_SKIP = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
 
 
@@ -53,9 +55,30 @@ def load_corpus(cfg: Mapping[str, Any]) -> Corpus:
     return _load_cached(json.dumps(dict(cfg), sort_keys=True, default=str))
 
 
+def check_config(cfg: Mapping[str, Any]) -> None:
+    """Refuse a ``data`` config that cannot load, without reading any data (so a sweep stops
+    before training, and configs of remote datasets can be checked offline)."""
+    source = cfg.get("source")
+    if source not in SOURCES:
+        raise UserError(f"unknown data.source {source!r}; allowed: {', '.join(SOURCES)}")
+    if source == "text" and not cfg.get("path"):
+        raise UserError("data=text needs data.path=<file or folder>")
+    if source == "hf":
+        if not cfg.get("name"):
+            raise UserError("data=hf needs data.name=<dataset>, e.g. Salesforce/wikitext")
+        names = cfg.get("splits") or HF_SPLITS
+        missing = [split for split in SPLITS if not names.get(split)]
+        if missing:
+            raise UserError(
+                f"data.splits lacks {', '.join(missing)}: name the dataset's split for each of "
+                f"{', '.join(SPLITS)}, e.g. data.splits.valid=validation"
+            )
+
+
 @lru_cache(maxsize=4)
 def _load_cached(cfg_json: str) -> Corpus:
     cfg = json.loads(cfg_json)
+    check_config(cfg)
     source = cfg.get("source")
     if source == "stdlib":
         splits = split_documents(stdlib_documents(), cfg)
@@ -63,11 +86,9 @@ def _load_cached(cfg_json: str) -> Corpus:
     elif source == "text":
         splits = split_documents(text_documents(cfg.get("path"), cfg.get("glob", "**/*.txt")), cfg)
         name = f"text:{Path(cfg['path']).name}"
-    elif source == "hf":
+    else:
         splits = hf_splits(cfg)
         name = f"hf:{cfg['name']}" + (f"/{cfg['config']}" if cfg.get("config") else "")
-    else:
-        raise UserError(f"unknown data.source {source!r}; allowed: stdlib, text, hf")
     for split in SPLITS:
         if not splits[split]:
             raise UserError(f"corpus {name}: the {split} split is empty")
@@ -96,13 +117,11 @@ def stdlib_documents() -> dict[str, bytes]:
     return docs
 
 
-def text_documents(path: str | None, pattern: str) -> dict[str, bytes]:
+def text_documents(path: str, pattern: str) -> dict[str, bytes]:
     """A file (one document) or every file under a folder matching ``pattern``.
 
     Files are read as bytes: the byte tokenizer needs no decoding, so non-UTF-8 text is fine.
     """
-    if not path:
-        raise UserError("data=text needs data.path=<file or folder>")
     root = Path(path).expanduser()
     if not root.exists():
         raise UserError(f"data.path={path!r} does not exist")
@@ -158,8 +177,6 @@ def hf_splits(cfg: Mapping[str, Any]) -> dict[str, bytes]:
         import datasets
     except ImportError as err:
         raise UserError("data=hf needs the 'datasets' package: pip install -e '.[hf]'") from err
-    if not cfg.get("name"):
-        raise UserError("data=hf needs data.name=<dataset>, e.g. Salesforce/wikitext")
     try:
         loaded = datasets.load_dataset(
             cfg["name"],
@@ -173,7 +190,7 @@ def hf_splits(cfg: Mapping[str, Any]) -> dict[str, bytes]:
             f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''} "
             "(no network? use data=text data.path=<folder>)"
         ) from err
-    names = cfg.get("splits") or {"train": "train", "valid": "validation", "test": "test"}
+    names = cfg.get("splits") or HF_SPLITS
     field = cfg.get("text_field", "text")
     out = {}
     for split in SPLITS:

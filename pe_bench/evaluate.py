@@ -3,7 +3,11 @@
 - Every length scores the same tokens: the first N targets of the test split (N a multiple of
   the longest length), each target once.
 - ``nonoverlap``: windows of L tokens back to back; every token is scored with the context
-  from its own window's start (the ALiBi paper's main table).
+  from its own window's start (the ALiBi paper's main table). When L does not divide N (the
+  ALiBi paper's lengths 512, 1012, 2512, ... do not divide each other), the r = N mod L targets
+  left over are scored by one more window of L tokens that ends at the stream's end, scoring
+  only its last r: every forward pass is a window of exactly L tokens, so the number measures
+  the model at length L, and no target is scored twice.
 - ``sliding`` with stride S: windows of L tokens every S tokens; the first window scores all
   its tokens, each later one only its last S (fewer at the very end). S = L equals
   ``nonoverlap``; S = 1 gives every token L - 1 tokens of context.
@@ -108,9 +112,11 @@ def windows(n_targets: int, length: int, mode: str, stride: int | None = None) -
     if length < 1 or n_targets < length:
         raise UserError(f"eval length {length} must be >= 1 and <= the {n_targets} eval tokens")
     if mode == "nonoverlap":
-        if n_targets % length:
-            raise UserError(f"eval tokens ({n_targets}) must be a multiple of length {length}")
-        return [Window(start, 0) for start in range(0, n_targets, length)]
+        spans = [Window(start, 0) for start in range(0, n_targets - length + 1, length)]
+        left = n_targets % length
+        if left:  # the tail: a full window ending at the stream's end, scoring its last `left`
+            spans.append(Window(n_targets - length, length - left))
+        return spans
     if mode != "sliding":
         raise UserError(f"unknown eval mode {mode!r}; allowed: {', '.join(MODES)}")
     if stride is None or not 1 <= stride <= length:

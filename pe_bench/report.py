@@ -7,6 +7,7 @@ under a folder, multirun folders included, and writes into it (or ``--out``)::
     tables/{ppl,bpb,nll}.csv|.md  mean over seeds and 95% CI per label x eval length
     tables/ratio.csv|.md          the chosen metric relative to the baseline length
     tables/score.csv|.md          extrapolation score and rank per label
+    tables/compare.csv            with --compare: the run next to a published table
     figures/*.png|.pdf            metric vs length, loss by position, training curves, heatmap
     figures/*.csv                 the data behind the position and training-curve figures
 
@@ -28,7 +29,7 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-from pe_bench import aggregate, plots
+from pe_bench import aggregate, compare, plots
 from pe_bench.aggregate import METRICS, MODES
 from pe_bench.errors import UserError
 from pe_bench.plots import TITLES
@@ -46,6 +47,7 @@ class Options:
     mode: str | None = None  # eval mode: nonoverlap when present
     baseline: int | None = None  # ratio denominator length: the training length
     schemes: tuple[str, ...] = ()  # schemes or labels (rope+ntk) to keep; empty: all
+    compare: str | None = None  # a published table, e.g. published/alibi_paper
 
     def command(self, records: str) -> str:
         """The ``pe-bench-report`` command line that makes this report from ``records``."""
@@ -53,6 +55,8 @@ class Options:
         args += ["--baseline", str(self.baseline)]
         if self.schemes:
             args += ["--schemes", *self.schemes]
+        if self.compare:
+            args += ["--compare", self.compare]
         return shlex.join(args)
 
 
@@ -64,6 +68,7 @@ class Report:
     options: Options
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     figures: dict[str, Path] = field(default_factory=dict)
+    comparison: compare.Comparison | None = None
 
 
 def load_rows(root: Path, name: str) -> pd.DataFrame:
@@ -80,6 +85,7 @@ def build_report(
     out = Path(out) if out is not None else root
     if options.metric not in METRICS:
         raise UserError(f"metric {options.metric!r} is not one of {', '.join(METRICS)}")
+    published = compare.load_published(options.compare) if options.compare else None
     df = aggregate.prepare(load_records(root), options.mode, options.schemes)
     train_len = int(df["train_len"].dropna().iloc[0])
     options = Options(
@@ -87,9 +93,12 @@ def build_report(
         mode=str(df["mode"].iloc[0]),
         baseline=options.baseline or train_len,
         schemes=tuple(options.schemes),
+        compare=options.compare,
     )
     report = Report(out / "report.md", options)
     stats = {metric: aggregate.seed_stats(df, metric) for metric in METRICS}
+    if published is not None:
+        report.comparison = compare.compare(stats["ppl"], train_len, published)
     ratio = aggregate.ratio_table(stats[options.metric], options.baseline)
     scores = aggregate.extrapolation_scores(df)
     diverged = aggregate.diverged_runs(df)
@@ -105,6 +114,8 @@ def build_report(
     atomic_write_text(tables / "ratio.md", ratio_markdown(ratio) + "\n")
     write_csv(tables / "score.csv", scores)
     atomic_write_text(tables / "score.md", score_markdown(scores) + "\n")
+    if report.comparison is not None:
+        write_csv(tables / "compare.csv", report.comparison.cells)
 
     labels = aggregate.label_order(df)
     style = plots.styles(labels + [s for s in curves["label"].unique() if s not in labels])
@@ -142,6 +153,10 @@ def build_report(
             print(value_markdown(stats[metric], metric))
         if note:
             print(f"† {note}")
+        if report.comparison is not None:
+            print(f"\nComparison with {report.comparison.published.cite()}:")
+            for sentence in report.comparison.sentences():
+                print(f"- {sentence}")
         print(f"\nreport: {report.path}")
     return report
 
@@ -292,7 +307,11 @@ def markdown_report(
     train_len = int(df["train_len"].dropna().iloc[0])
     lengths = ", ".join(str(n) for n in sorted(stats["eval_len"].unique()))
     runs = df.drop_duplicates("run_id")  # per-run fields are the same in every record of a run
-    runs = runs.assign(order=runs["scheme"].map(aggregate.order_key)).sort_values(["order", "seed"])
+    order = [
+        aggregate.order_key(scheme, "none", tuned)
+        for scheme, tuned in zip(runs["scheme"], aggregate.finetunes(runs), strict=True)
+    ]
+    runs = runs.assign(order=order).sort_values(["order", "seed"])
     grid = ", ".join(str(n) for n in aggregate.score_grid(df))
     how = caption(stats, opts.metric, df)
     lines = [
@@ -323,6 +342,7 @@ def markdown_report(
         "",
         score_markdown(scores),
         "",
+        *(comparison_markdown(report.comparison, df) if report.comparison is not None else []),
         "## Figures",
         "",
     ]
@@ -385,15 +405,97 @@ def markdown_report(
     return "\n".join(lines)
 
 
+def comparison_markdown(comparison: compare.Comparison, df: pd.DataFrame) -> list[str]:
+    """The report's section that puts the run next to a published table."""
+    pub, cells = comparison.published, comparison.cells
+    cite, setup = pub.citation, pub.setup
+    lengths = cells.drop_duplicates("ratio_len").sort_values("ratio_len")
+    heads = [f"{r.ratio_len:.1f}x ({r.paper_len} / {r.eval_len})" for r in lengths.itertuples()]
+    mode = one(df, "mode")
+    protocol = f"{setup['protocol']} windows" + (
+        f" (stride {setup['stride']})" if setup["stride"] else ""
+    )
+    ours = f"{mode} windows" + (f" (stride {one(df, 'stride')})" if mode == "sliding" else "")
+    differs = (
+        f" The paper evaluates with {protocol}, this run with {ours}."
+        if setup["protocol"] != mode
+        else ""
+    )
+
+    def grid(fmt) -> str:
+        rows = []
+        for (name, label), at in cells.groupby(["paper_name", "label"], sort=False):
+            by_len = {r.ratio_len: r for r in at.itertuples()}
+            row = [label, name]
+            for r in lengths.itertuples():
+                cell = by_len.get(r.ratio_len)
+                row.append(fmt(cell) if cell is not None else "–")
+            rows.append(row)
+        return markdown_table(["scheme", "in the paper", *heads], rows, "ll" + "r" * len(heads))
+
+    def values(c) -> str:
+        paper = f">{c.paper:g}" if c.paper_bound else f"{c.paper:.2f}"
+        return f"{paper} / {'–' if pd.isna(c.ours) else f'{c.ours:.2f}'}"
+
+    def ratios(c) -> str:
+        paper = "–" if pd.isna(c.paper_ratio) else compare.times(c.paper_ratio, c.paper_bound)
+        return f"{paper} / {'–' if pd.isna(c.ours_ratio) else compare.times(c.ours_ratio)}"
+
+    orders = []
+    for o, head in zip(comparison.orders.itertuples(), heads, strict=True):
+        pairs = o.agree + o.disagree
+        tau = "–" if pd.isna(o.tau) else f"{o.tau:+.2f}"
+        same = f"{o.agree} of {pairs}" if pairs else "–"
+        orders.append([head, ", ".join(o.paper_order), ", ".join(o.ours_order), same, tau])
+    return [
+        f"## Comparison with {pub.cite()}",
+        "",
+        f"{', '.join(cite['authors'])}: *{cite['title']}*, {cite['venue']}, arXiv:{cite['arxiv']}, "
+        f"{cite['table']} (p. {cite['page']}): {setup['corpus']}; {setup['model']}; trained at "
+        f"L = {pub.train_len}, {protocol}, {setup['unit']}. Numbers read from: "
+        f"{cite['read_from']}",
+        "",
+        f"This run: trained at L = {one(df, 'train_len')} on `{one(df, 'corpus')}`, {ours}, "
+        "perplexity per byte. Eval lengths are matched by their ratio to the training length "
+        "(column heads: ratio, the paper's length / this run's). Absolute numbers differ with "
+        "model size, data and unit (a ratio of perplexities per word or subword token is about "
+        "the per-byte ratio to the power of the bytes per word or token), so the comparison is "
+        f"about the direction of each ratio and the rank order of the schemes.{differs}",
+        "",
+        "Perplexity, the paper's / this run's:",
+        "",
+        grid(values),
+        "",
+        "Ratio to the training-length value, the paper's / this run's:",
+        "",
+        grid(ratios),
+        "",
+        "Rank order at each length (best first) and how many scheme pairs both order the same "
+        "way; Kendall tau = (same - reversed) / pairs, 1 when the orders agree. Pairs with a "
+        "tie or a paper's bound (>) that leaves the order open are not counted.",
+        "",
+        markdown_table(
+            ["length", "the paper", "this run", "pairs in the same order", "Kendall tau"],
+            orders,
+            "lllrr",
+        ),
+        "",
+        *(f"- {sentence}" for sentence in comparison.sentences()),
+        "",
+    ]
+
+
 # (header, record field, format) of the runs table; fields a record lacks are left out.
 RUN_COLUMNS = (
     ("scheme", "scheme", "{}"),
+    ("fine-tune", "finetune", "{}"),
     ("seed", "seed", "{}"),
     ("run id", "run_id", "{}"),
     ("params", "params", "{:,}"),
     ("PE params", "pe_params", "{:,}"),
     ("final val loss", "final_val_loss", "{:.4f}"),
     ("train time (s)", "train_time_s", "{:.0f}"),
+    ("fine-tune val loss", "finetune_final_val_loss", "{:.4f}"),
     ("status", "status", "{}"),
 )
 
@@ -405,7 +507,8 @@ def runs_markdown(runs: pd.DataFrame) -> str:
         ["–" if pd.isna(run[key]) else fmt.format(run[key]) for _, key, fmt in columns]
         for _, run in runs.iterrows()
     ]
-    align = "".join("l" if key in ("scheme", "run_id", "status") else "r" for _, key, _ in columns)
+    left = ("scheme", "finetune", "run_id", "status")
+    align = "".join("l" if key in left else "r" for _, key, _ in columns)
     return markdown_table([header for header, _, _ in columns], rows, align)
 
 
@@ -433,9 +536,15 @@ def main(argv: list[str] | None = None) -> None:
         metavar="NAME",
         help="schemes or labels to report (default: all), e.g. rope alibi rope+ntk",
     )
+    parser.add_argument(
+        "--compare",
+        metavar="TABLE",
+        help="a published table to compare with: published/alibi_paper, published/pi_paper "
+        "(results/published/) or a path to a YAML file of the same form",
+    )
     parser.add_argument("--out", help="output folder (default: the results folder)")
     args = parser.parse_args(argv)
-    options = Options(args.metric, args.mode, args.baseline, tuple(args.schemes))
+    options = Options(args.metric, args.mode, args.baseline, tuple(args.schemes), args.compare)
     try:
         build_report(args.results, args.out, options)
     except UserError as err:

@@ -7,6 +7,7 @@ scheme is trained on the same batches in the same order, from the same trunk ini
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -14,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -57,6 +59,43 @@ class TrainConfig:
         for key in ("warmup_steps", "val_every", "grad_clip", "ckpt_every"):
             if getattr(self, key) < 0:
                 raise UserError(f"train.{key} must be >= 0, got {getattr(self, key)}")
+
+
+@dataclass
+class FinetuneConfig:
+    """Continue training a trained model at ``factor`` x its training length, as Chen et al.
+    (2023, https://arxiv.org/abs/2306.15595) extend LLaMA: with the trained scheme ("FT",
+    direct fine-tuning) or with a variant of it such as position interpolation ("PI").
+
+    A fresh AdamW (warmup, then cosine) on the same data stream; settings not listed here
+    (betas, clipping, seed, logging, checkpoints) are the run's ``train`` settings.
+    """
+
+    factor: float = 4.0  # fine-tuning length = factor x train.seq_len
+    steps: int = 100
+    lr: float = 2e-4
+    warmup_steps: int = 20
+    weight_decay: float = 0.0  # Chen et al. fine-tune without weight decay
+    batch_size: int | None = None  # null: the same tokens per step as training
+    pe: dict[str, Any] | None = None  # the scheme to fine-tune with; null: the trained one
+
+    def __post_init__(self) -> None:
+        if self.factor < 1:
+            raise UserError(f"finetune factor must be >= 1, got {self.factor:g}")
+
+    def train_config(self, train: TrainConfig) -> TrainConfig:
+        """The ``TrainConfig`` of this fine-tuning for a model trained with ``train``."""
+        seq_len = round(self.factor * train.seq_len)
+        tokens_per_step = train.batch_size * train.seq_len
+        return dataclasses.replace(
+            train,
+            seq_len=seq_len,
+            batch_size=self.batch_size or max(1, tokens_per_step // seq_len),
+            steps=self.steps,
+            lr=self.lr,
+            warmup_steps=self.warmup_steps,
+            weight_decay=self.weight_decay,
+        )
 
 
 @dataclass

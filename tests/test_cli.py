@@ -111,3 +111,56 @@ def test_report_on_a_folder_without_records(tmp_path):
     )
     assert proc.returncode == 2
     assert "no records under" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# The paper experiments' CPU twins, shrunk to a toy model and a few steps: the same eval
+# lengths, protocol, fine-tunes and comparison as the committed runs.
+SHRUNK = [
+    "model=smoke",
+    "train.steps=3",
+    "train.batch_size=4",
+    "train.warmup_steps=1",
+    "train.log_every=1",
+    "train.val_batches=1",
+]
+MINIS = {
+    "alibi_paper_mini": (
+        ["eval.tokens=1878"],
+        "Press et al. (2022), Table 2",
+        "14.7x (7512 / 939)",
+        {"sinusoidal", "rope", "t5", "alibi"},
+    ),
+    "pi_paper_mini": (
+        [
+            "finetunes.ft.steps=2",
+            "finetunes.pi.steps=2",
+            "finetunes.ft.warmup_steps=1",
+            "finetunes.pi.warmup_steps=1",
+            "eval.tokens=512",
+        ],
+        "Chen et al. (2023), Table 1",
+        "4.0x (8192 / 256)",
+        {"rope", "rope+pi", "rope+ntk", "rope:ft", "rope:pi"},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MINIS))
+def test_paper_mini_end_to_end_shrunk(tmp_path, name):
+    from pe_bench.aggregate import label
+
+    from .test_reference_results import assert_regenerates
+
+    overrides, cite, column, labels = MINIS[name]
+    proc = pe_bench(f"experiment={name}", *SHRUNK, *overrides, out=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    folder = tmp_path / name
+    assert set(label(load_records(folder))) == labels
+    assert f"Comparison with {cite}:" in proc.stdout
+    assert "Rank order past the training length" in proc.stdout
+    text = (folder / "report.md").read_text()
+    assert f"## Comparison with {cite}" in text and column in text
+    assert f"--compare published/{name.removesuffix('_mini')}" in text
+    compared = pd.read_csv(folder / "tables" / "compare.csv")
+    assert set(compared["label"]) == labels - {"rope+ntk"}  # NTK is not in the paper
+    assert_regenerates(folder, tmp_path / "regenerated")

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pe_bench.errors import UserError
-from pe_bench.evaluate import EvalConfig, score, windows
+from pe_bench.evaluate import EvalConfig, Window, score, windows
 
 from .conftest import tiny_model
 
@@ -22,9 +22,18 @@ def scored_targets(n: int, length: int, mode: str, stride: int | None = None) ->
     return out
 
 
-@pytest.mark.parametrize("length", [1, 4, 16, 64])
+@pytest.mark.parametrize("length", [1, 4, 10, 16, 63, 64])
 def test_nonoverlap_scores_every_target_once(length):
     assert sorted(scored_targets(64, length, "nonoverlap")) == list(range(64))
+
+
+def test_nonoverlap_tail_is_a_full_window_at_the_end():
+    """100 targets in windows of 16: six windows back to back, then one more window of 16
+    ending at target 99 that scores only the 4 targets the others left (96..99)."""
+    spans = windows(100, 16, "nonoverlap")
+    assert spans[:6] == [Window(16 * i, 0) for i in range(6)]
+    assert spans[6:] == [Window(84, 12)]
+    assert spans == windows(100, 16, "sliding", 16)  # nonoverlap is sliding with S = L
 
 
 @pytest.mark.parametrize(("length", "stride"), [(16, 1), (16, 5), (16, 16), (10, 3), (64, 7)])
@@ -38,8 +47,8 @@ def test_sliding_gives_full_context_after_the_first_window():
 
 
 def test_bad_protocol_inputs():
-    with pytest.raises(UserError, match="multiple of length"):
-        windows(100, 16, "nonoverlap")
+    with pytest.raises(UserError, match="eval length 101 must be >= 1 and <= the 100 eval tokens"):
+        windows(100, 101, "nonoverlap")
     with pytest.raises(UserError, match="stride 20 must be between 1 and the window length 16"):
         windows(64, 16, "sliding", 20)
     with pytest.raises(UserError, match="unknown eval mode 'overlap'"):
@@ -60,7 +69,7 @@ def stream():
 
 
 def test_sliding_with_stride_equal_to_length_is_nonoverlap(model, stream):
-    for length in (8, 16, 32):
+    for length in (8, 10, 16, 32, 40):  # 10 and 40 do not divide the 96 targets: a tail
         a = score(model, stream, length, "nonoverlap")
         b = score(model, stream, length, "sliding", stride=length)
         assert a.tokens == b.tokens == 96
@@ -96,7 +105,7 @@ def test_every_length_and_mode_scores_the_same_tokens(stream):
     model = Unigram()
     sums = {
         (length, mode): score(model, stream, length, mode, stride=max(1, length // 4)).nll_sum
-        for length in (4, 8, 16, 32, 96)
+        for length in (4, 8, 10, 16, 32, 40, 96)  # 10, 40: nonoverlap with a tail
         for mode in ("nonoverlap", "sliding")
     }
     first = next(iter(sums.values()))

@@ -166,3 +166,99 @@ def test_out_of_memory_length_is_recorded_as_skipped(tmp_path, monkeypatch):
     monkeypatch.setattr(cli, "score", real_score)  # more memory next time: only L=32 is redone
     again = cli.run(cfg, tmp_path)
     assert [(r["eval_len"], r["status"]) for r in again] == [(16, "ok"), (32, "ok")]
+
+
+# A rope run with both fine-tunes of Chen et al. (2023), each 2 steps at 4 x 16 tokens.
+FINETUNED = [
+    "pe=rope",
+    "+finetune@finetunes.ft=ft",
+    "+finetune@finetunes.pi=pi",
+    "finetunes.ft.steps=2",
+    "finetunes.pi.steps=2",
+    "finetunes.ft.warmup_steps=1",
+    "finetunes.pi.warmup_steps=1",
+    *TINY,
+]
+
+
+def composed(*overrides: str):
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_module(version_base="1.3", config_module="pe_bench.conf"):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    GlobalHydra.instance().clear()
+    return cfg
+
+
+def numbers(rows: list[dict], finetune: str | None = None) -> list[tuple]:
+    return [(r["variant"], r["eval_len"], r["nll"]) for r in rows if r.get("finetune") == finetune]
+
+
+def test_finetunes_add_models_and_leave_the_trained_one_alone(tmp_path):
+    from pe_bench import cli
+
+    plain = cli.run(composed("pe=rope", *TINY), tmp_path / "plain")
+    tuned = cli.run(composed(*FINETUNED), tmp_path / "tuned")
+    assert numbers(tuned) == numbers(plain)  # bitwise: fine-tunes change nothing before them
+    assert {r["run_id"] for r in tuned if "finetune" not in r} == {plain[0]["run_id"]}
+    for key, scheme in (("ft", "rope"), ("pi", "pi")):
+        rows = [r for r in tuned if r.get("finetune") == key]
+        assert [(r["variant"], r["eval_len"]) for r in rows] == [("none", 16), ("none", 32)]
+        assert rows[0]["run_id"].startswith(plain[0]["run_id"] + f":{key}-")
+        assert (rows[0]["finetune_pe"], rows[0]["finetune_len"]) == (scheme, 64)
+        assert rows[0]["finetune_steps"] == 2 and rows[0]["train_len"] == 16
+        assert rows[0]["nll"] != plain[0]["nll"]  # the fine-tuned model is another model
+        assert (tmp_path / "tuned" / f"checkpoint-{key}.pt").exists()
+    labels = aggregate_labels(tuned)
+    assert labels == ["rope", "rope+pi", "rope+ntk", "rope:ft", "rope:pi"]
+
+
+def aggregate_labels(rows: list[dict]) -> list[str]:
+    import pandas as pd
+
+    from pe_bench import aggregate
+
+    return aggregate.label_order(aggregate.prepare(pd.DataFrame(rows)))
+
+
+def test_finetunes_are_cached_and_resumed(tmp_path, caplog):
+    from pe_bench import cli
+    from pe_bench.results import write_jsonl
+
+    caplog.set_level("INFO")
+    first = cli.run(composed(*FINETUNED), tmp_path)
+    assert cli.run(composed(*FINETUNED), tmp_path) == first
+    assert "all 10 records are there" in caplog.text
+
+    caplog.clear()  # another PI fine-tune: only its records, from the trained checkpoint
+    second = cli.run(composed(*FINETUNED, "finetunes.pi.steps=3"), tmp_path)
+    assert "2 of 10 records to compute" in caplog.text
+    assert "train rope: resumed at step 5 of 5" in caplog.text
+    assert numbers(second, "pi") != numbers(first, "pi")
+    assert [r for r in second if r.get("finetune") != "pi"] == [
+        r for r in first if r.get("finetune") != "pi"
+    ]
+
+    caplog.clear()  # the FT records lost, its checkpoint kept: resumed, the same numbers
+    write_jsonl(tmp_path / "records.jsonl", [r for r in second if r.get("finetune") != "ft"])
+    third = cli.run(composed(*FINETUNED, "finetunes.pi.steps=3"), tmp_path)
+    assert "finetune rope:ft: resumed at step 2 of 2" in caplog.text
+    assert numbers(third, "ft") == numbers(first, "ft")
+
+
+def test_a_diverged_finetune_is_recorded_and_the_rest_goes_on(tmp_path):
+    from pe_bench import cli
+
+    rows = cli.run(composed(*FINETUNED, "finetunes.ft.lr=1e9", "finetunes.ft.steps=20"), tmp_path)
+    ft = [r for r in rows if r.get("finetune") == "ft"]
+    assert [r["status"] for r in ft] == ["diverged", "diverged"] and ft[0]["nll"] is None
+    assert all(r["status"] == "ok" for r in rows if r.get("finetune") != "ft")
+
+
+def test_a_finetune_applies_to_its_scheme_only():
+    from pe_bench import cli
+
+    alibi = cli.plan(composed("pe=alibi", "+finetune@finetunes.pi=pi", "+finetune@finetunes.ft=ft"))
+    assert [(ft.key, ft.scheme.name) for ft in alibi.finetunes] == [("ft", "alibi")]

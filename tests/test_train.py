@@ -7,7 +7,7 @@ import torch
 
 from pe_bench.data import Corpus
 from pe_bench.errors import UserError
-from pe_bench.train import TrainConfig, fit, lr_at, validation_loss
+from pe_bench.train import FinetuneConfig, TrainConfig, fit, lr_at, validation_loss
 
 from .conftest import tiny_model
 
@@ -19,6 +19,17 @@ def test_warmup_then_cosine_to_floor():
     assert lr_at(60, cfg) == pytest.approx(0.55)  # halfway through the cosine
     assert lr_at(110, cfg) == pytest.approx(0.1)
     assert all(lr_at(s, cfg) >= lr_at(s + 1, cfg) for s in range(10, 110))
+
+
+def test_finetune_trains_at_factor_times_the_length_with_the_same_tokens_per_step():
+    train = TrainConfig(seq_len=64, batch_size=32, steps=800, lr=2e-3, weight_decay=0.1, seed=3)
+    tune = FinetuneConfig(factor=4, steps=100, lr=2e-4, warmup_steps=20).train_config(train)
+    assert (tune.seq_len, tune.batch_size, tune.steps) == (256, 8, 100)  # 32 x 64 = 8 x 256
+    assert (tune.lr, tune.warmup_steps, tune.weight_decay) == (2e-4, 20, 0.0)
+    assert (tune.seed, tune.grad_clip, tune.beta2) == (3, train.grad_clip, train.beta2)
+    assert FinetuneConfig(factor=2, batch_size=5).train_config(train).batch_size == 5
+    with pytest.raises(UserError, match="finetune factor must be >= 1, got 0.5"):
+        FinetuneConfig(factor=0.5)
 
 
 def test_bad_train_values():

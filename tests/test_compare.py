@@ -1,0 +1,165 @@
+"""The comparison with a published table, on hand-made records and a hand-made paper table.
+
+The paper (trained at 100) and the run (trained at 10), at ratios 1x, 2x and 4x:
+
+    paper  A 10  20    40        run  a  2  3    5
+           B 10  11    12             b  2  2.2  2.4
+           C 10  >100  >100           c  2  2.5  6
+           D 10  30    –              (no d in the run)
+
+At 2x the paper orders B < A < C, the run b < c < a: pairs (A, B) and (B, C) agree, (A, C)
+is reversed. At 4x both order B < A < C. So 5 of 6 pairs agree past 1x: tau = (5 - 1) / 6.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from pe_bench import aggregate, compare
+from pe_bench.errors import UserError
+
+from .conftest import record
+
+PAPER = {
+    "citation": {
+        "authors": ["Ada Lovelace", "Alan Turing", "Grace Hopper"],
+        "title": "A Hand-Made Table",
+        "venue": "Tests",
+        "year": 2024,
+        "arxiv": "2401.00001",
+        "table": "Table 9",
+        "page": 3,
+        "read_from": "this test",
+    },
+    "setup": {
+        "corpus": "none",
+        "model": "none",
+        "train_len": 100,
+        "protocol": "nonoverlap",
+        "stride": None,
+        "unit": "per word",
+    },
+    "metric": "ppl",
+    "lengths": [100, 200, 400],
+    "rows": [
+        {"name": "A", "label": "a", "values": [10, 20, 40]},
+        {"name": "B", "label": "b", "values": [10, 11, 12]},
+        {"name": "C", "label": "c", "values": [10, ">100", ">100"]},
+        {"name": "D", "label": "d", "values": [10, 30, None]},
+        {"name": "E", "label": None, "values": [1, 2, 3]},
+    ],
+}
+RUN = {"a": [2, 3, 5], "b": [2, 2.2, 2.4], "c": [2, 2.5, 6]}
+
+
+def write_paper(folder: Path, **changes) -> Path:
+    path = folder / "paper.yaml"
+    path.write_text(yaml.safe_dump({**PAPER, **changes}))
+    return path
+
+
+def run_stats(values: dict[str, list[float]], lengths=(10, 20, 40)) -> pd.DataFrame:
+    """Seed statistics of hand-made records with the given perplexities (one seed)."""
+    rows = [
+        record(lab, 0, n, math.log(v), train_len=10)
+        for lab, vs in values.items()
+        for n, v in zip(lengths, vs, strict=True)
+    ]
+    return aggregate.seed_stats(aggregate.prepare(pd.DataFrame(rows)), "ppl")
+
+
+@pytest.fixture
+def comparison(tmp_path) -> compare.Comparison:
+    published = compare.load_published(write_paper(tmp_path))
+    return compare.compare(run_stats(RUN), 10, published)
+
+
+def test_ratios_and_ratio_errors(comparison):
+    cells = comparison.cells.set_index(["label", "eval_len"])
+    assert cells.loc[("a", 40), "paper_ratio"] == pytest.approx(4.0)
+    assert cells.loc[("a", 40), "ours_ratio"] == pytest.approx(2.5)
+    assert cells.loc[("a", 40), "ratio_error"] == pytest.approx(2.5 / 4.0)
+    assert cells.loc[("b", 20), "ratio_error"] == pytest.approx(1.1 / 1.1)
+    assert cells.loc[("c", 20), "paper_ratio"] == pytest.approx(10.0)  # a bound: > 10
+    assert cells.loc[("c", 20), "paper_bound"]
+    assert cells.loc[("c", 40), "paper_len"] == 400
+    assert set(cells.index.get_level_values("label")) == {"a", "b", "c"}  # E unmapped, d absent
+
+
+def test_rank_agreement_per_length_and_overall(comparison):
+    orders = comparison.orders.set_index("ratio_len")
+    assert orders.loc[2.0, "paper_order"] == ["b", "a", "c"]
+    assert orders.loc[2.0, "ours_order"] == ["b", "c", "a"]
+    assert (orders.loc[2.0, "agree"], orders.loc[2.0, "disagree"]) == (2, 1)
+    assert orders.loc[2.0, "tau"] == pytest.approx(1 / 3)
+    assert orders.loc[2.0, "flipped"] == [("a", "c")]  # the paper's better one first
+    assert (orders.loc[4.0, "agree"], orders.loc[4.0, "disagree"]) == (3, 0)
+    assert orders.loc[1.0, "agree"] + orders.loc[1.0, "disagree"] == 0  # all tied at 1x
+    assert (comparison.agree, comparison.disagree) == (5, 1)  # past 1x only
+    assert comparison.tau == pytest.approx(4 / 6)
+    assert comparison.missing == ["d"]
+
+
+def test_sentences_say_where_they_agree_and_where_not(comparison):
+    assert comparison.sentences() == [
+        "Rank order past the training length (2.0x, 4.0x): the paper and this run order 5 of 6 "
+        "scheme pairs the same way (Kendall tau +0.67).",
+        "Both rank b best at 4.0x; both rank c worst.",
+        "At 2.0x this run reverses 1 of the 3 pairs the paper orders (its better scheme first): "
+        "a over c.",
+        "a degrades in both: at 4.0x, 4.00x its training-length value in the paper, 2.50x here.",
+        "b degrades in both: at 4.0x, 1.20x its training-length value in the paper, 1.20x here.",
+        "c degrades in both: at 4.0x, >10.0x its training-length value in the paper, 3.00x here.",
+        "Not in this run: d.",
+    ]
+
+
+def test_a_flat_run_against_a_degrading_paper(tmp_path):
+    published = compare.load_published(write_paper(tmp_path))
+    flat = compare.compare(run_stats({"a": [2, 2, 2], "b": [2, 1.5, 1.2]}), 10, published)
+    text = flat.sentences()
+    assert "a degrades in the paper (4.00x at 4.0x) but stays flat here (1.00x)." in text
+    assert "b degrades in the paper (1.20x at 4.0x) but improves here (0.60x)." in text
+    assert "Both rank b best at 4.0x; both rank a worst." in text
+
+
+def test_a_bound_that_leaves_the_order_open_is_not_counted():
+    a = pd.Series({"paper": 100.0, "paper_bound": True})
+    assert compare.paper_sign(a, pd.Series({"paper": 150.0, "paper_bound": False})) is None
+    assert compare.paper_sign(a, pd.Series({"paper": 50.0, "paper_bound": False})) == 1
+    assert compare.paper_sign(a, pd.Series({"paper": 100.0, "paper_bound": True})) is None
+    assert compare.paper_sign(*(pd.Series({"paper": 7.0, "paper_bound": False}),) * 2) == 0
+
+
+def test_lengths_match_by_ratio_to_the_training_length(tmp_path):
+    alibi = compare.load_published("published/alibi_paper")
+    matched = compare.match_lengths(alibi, [64, 126, 314, 564, 939], 64)
+    assert matched == {512: 64, 1012: 126, 2512: 314, 4512: 564, 7512: 939}
+    # 128 / 64 = 2 is within 5% of 1012 / 512 = 1.98; 256 / 64 = 4 is 18% off 4.9
+    assert compare.match_lengths(alibi, [64, 128, 256], 64) == {512: 64, 1012: 128}
+    with pytest.raises(UserError, match="no eval length of the run .* run experiment=alibi_paper_"):
+        compare.match_lengths(alibi, [64, 256, 1024], 64)
+    with pytest.raises(UserError, match="no records at its training length 64"):
+        compare.match_lengths(alibi, [128, 256], 64)
+
+
+def test_a_run_without_any_published_scheme(tmp_path):
+    published = compare.load_published(write_paper(tmp_path))
+    with pytest.raises(UserError, match=r"none of the published schemes \(a, b, c, d\)"):
+        compare.compare(run_stats({"x": [2, 3, 4]}), 10, published)
+
+
+def test_names_resolve_to_shipped_tables_or_paths(tmp_path):
+    shipped = compare.resolve("published/alibi_paper")
+    assert shipped.name == "alibi_paper.yaml" and shipped.is_file()
+    assert compare.resolve("pi_paper").name == "pi_paper.yaml"
+    path = write_paper(tmp_path)
+    assert compare.resolve(path) == path
+    assert compare.resolve(tmp_path / "paper") == path  # .yaml optional
+    with pytest.raises(UserError, match="no published table 'published/nope'; shipped: "):
+        compare.resolve("published/nope")

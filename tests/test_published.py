@@ -1,0 +1,95 @@
+"""The published tables in results/published/: citation, setup and numbers that parse, and
+files that break the schema are refused with the field named."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pe_bench.compare import CITATION_FIELDS, SETUP_FIELDS, load_published
+from pe_bench.errors import UserError
+from pe_bench.positions import registered
+
+PUBLISHED = sorted((Path(__file__).parents[1] / "results" / "published").glob("*.yaml"))
+EXPERIMENTS = Path(__file__).parents[1] / "conf" / "experiment"
+
+
+@pytest.mark.parametrize("path", PUBLISHED, ids=lambda p: p.stem)
+def test_published_table_schema(path):
+    table = load_published(path)
+    doc = yaml.safe_load(path.read_text())
+    for field in CITATION_FIELDS:
+        assert str(doc["citation"][field]).strip(), field
+    for field in SETUP_FIELDS:
+        assert field == "stride" or str(doc["setup"][field]).strip(), field
+    assert isinstance(doc["citation"]["authors"], list) and len(doc["citation"]["authors"]) > 1
+    assert re.fullmatch(r"\d{4}\.\d{4,5}", doc["citation"]["arxiv"])
+    assert 2000 < doc["citation"]["year"] < 2100 and doc["citation"]["page"] > 0
+    assert table.lengths == sorted(table.lengths) and table.train_len == table.lengths[0]
+    assert (table.values["value"] > 0).all()
+    # every label names a pe-bench scheme (label = scheme, scheme+variant or scheme:finetune)
+    for label in table.values["label"].dropna().unique():
+        scheme = re.split(r"[+:]", label)[0]
+        assert scheme in registered(), label
+    # the experiments that reproduce it exist and compare with it
+    for name in (table.name, table.name + "_mini"):
+        config = yaml.safe_load((EXPERIMENTS / f"{name}.yaml").read_text())
+        assert config["compare"] == f"published/{table.name}"
+
+
+def test_alibi_table_2_numbers():
+    """The twenty numbers of Press et al. (2022), Table 2 (p. 16), at 512 ... 7512 tokens."""
+    values = load_published("published/alibi_paper").values
+    rows = {name: list(cells["value"]) for name, cells in values.groupby("name", sort=False)}
+    assert rows == {
+        "Sinusoidal": [20.05, 43.54, 132.41, 209.37, 293.02],
+        "Rotary": [20.07, 21.37, 31.58, 39.15, 51.12],
+        "T5 Bias": [19.65, 18.79, 20.41, 25.91, 39.29],
+        "ALiBi": [19.73, 18.73, 18.41, 18.41, 18.33],
+    }
+
+
+def test_pi_table_bounds_and_gaps():
+    values = load_published("published/pi_paper").values.set_index(["label", "eval_len"])
+    assert values.loc[("rope", 4096), ["value", "bound"]].tolist() == [1000.0, True]  # ">10^3"
+    assert values.loc[("rope:pi", 8192), "value"] == 6.95
+    assert values.loc[("rope+pi", 8192), "value"] == 16.10  # Table 3, step 0
+    assert ("rope:ft", 16384) not in values.index  # null: not in the table
+
+
+GOOD = {
+    "citation": {field: "x" for field in CITATION_FIELDS},
+    "setup": {field: "x" for field in SETUP_FIELDS} | {"train_len": 8, "stride": None},
+    "metric": "ppl",
+    "lengths": [8, 16],
+    "rows": [{"name": "R", "label": "rope", "values": [2.0, 3.0]}],
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"citation": {"title": "x"}}, "citation lacks authors, venue, year, arxiv, table, page"),
+        ({"lengths": [16, 8]}, "lengths [16, 8] must be positive integers, ascending"),
+        ({"metric": "bpb"}, "metric 'bpb' is not supported; allowed: ppl"),
+        ({"rows": [{"name": "R", "values": [2.0]}]}, "row 'R' needs a name and 2 values"),
+        ({"rows": [{"name": "R", "values": [2.0, "abc"]}]}, "R at 16: 'abc' is not a positive"),
+        ({"rows": [{"name": "R", "values": [">2", 3.0]}]}, "R: a bound at the training length"),
+        ({"setup": {**GOOD["setup"], "train_len": 4}}, "setup.train_len 4 is not one of lengths"),
+    ],
+)
+def test_a_broken_table_is_refused(tmp_path, change, message):
+    path = tmp_path / "table.yaml"
+    path.write_text(yaml.safe_dump({**GOOD, **change}))
+    with pytest.raises(UserError, match=re.escape(message)):
+        load_published(path)
+
+
+def test_the_unbroken_table_loads(tmp_path):
+    path = tmp_path / "table.yaml"
+    path.write_text(yaml.safe_dump(GOOD))
+    table = load_published(path)
+    assert table.train_len == 8 and table.values["value"].tolist() == [2.0, 3.0]

@@ -36,15 +36,15 @@ def xl():
 
 
 @pytest.mark.parametrize(("s_q", "s_k", "offset"), [(12, 12, 0), (12, 12, 100), (4, 12, 0)])
-def test_fast_path_equals_naive_formula(xl, s_q, s_k, offset):
+def test_fast_path_equals_reference_formula(xl, s_q, s_k, offset):
     q, k = torch.randn(2, 4, s_q, 8), torch.randn(2, 4, s_k, 8)
     k_pos = torch.arange(s_k) + offset
     q_pos = k_pos[-s_q:]
     allowed = causal_allowed(s_q, s_k, q.device)
     for layer in range(DIMS.num_layers):
         fast = xl.score_bias(q, k, q_pos, k_pos, layer)
-        naive = xl.score_bias_naive(q, k, q_pos, k_pos, layer)
-        assert torch.allclose(fast[..., allowed], naive[..., allowed], atol=1e-5)
+        reference = xl.score_bias_reference(q, k, q_pos, k_pos, layer)
+        assert torch.allclose(fast[..., allowed], reference[..., allowed], atol=1e-5)
 
 
 def test_layers_have_their_own_projection(xl):
@@ -52,13 +52,13 @@ def test_layers_have_their_own_projection(xl):
     assert not torch.allclose(xl.score_bias(q, k, pos, pos, 0), xl.score_bias(q, k, pos, pos, 1))
 
 
-def test_naive_formula_by_hand(xl):
-    """One entry of the naive path, written out: (u.k_j + (q_i + v).W_R r_{i-j}) / sqrt(h_d)."""
+def test_reference_formula_by_hand(xl):
+    """One entry of the reference path, written out: (u.k_j + (q_i + v).W_R r_{i-j}) / sqrt(h_d)."""
     from pe_bench.positions.absolute import sinusoid_table
 
     q, k = torch.randn(1, 4, 5, 8), torch.randn(1, 4, 5, 8)
     pos = torch.arange(5)
-    got = xl.score_bias_naive(q, k, pos, pos, 2)
+    got = xl.score_bias_reference(q, k, pos, pos, 2)
     i, j, h = 4, 1, 2
     r = xl.r_net[2](sinusoid_table(torch.tensor(i - j), 32)).view(4, 8)[h]
     expected = (xl.u[h] @ k[0, h, j] + (q[0, h, i] + xl.v[h]) @ r) / 8**0.5

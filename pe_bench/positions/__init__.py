@@ -81,8 +81,7 @@ def scheme_class(name: str) -> type[PositionScheme]:
         if name not in registered():
             installed = f"; installed plugins: {', '.join(sorted(plugins))}" if plugins else ""
             raise UserError(
-                f"unknown scheme {name!r}; registered: {', '.join(sorted(registered()))}"
-                f"{installed}"
+                f"unknown scheme {name!r}; registered: {', '.join(sorted(registered()))}{installed}"
             )
     return registered()[name]
 

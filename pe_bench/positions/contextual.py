@@ -52,7 +52,7 @@ class CoPE(PositionScheme):
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
         pos = self.gates(q, k).flip(-1).cumsum(-1).flip(-1)  # sum over t >= j of g_it
         pos = pos.clamp(max=self.npos_max - 1)
-        logits_int = q.float() @ self.pos_emb[layer]  # [b, n_h, s_q, npos_max]: q_i . e[p]
+        logits_int = q.float() @ self.pos_emb[layer].float()  # [b, n_h, s_q, npos_max]: q_i . e[p]
         floor = pos.floor()
         w = pos - floor  # differentiable in the gates
         at_floor = logits_int.gather(-1, floor.long())
@@ -66,7 +66,7 @@ class CoPE(PositionScheme):
         s_k = k.shape[-2]
         at_or_after = torch.ones(s_k, s_k, device=q.device).tril()  # [t, j] = 1 where t >= j
         pos = (self.gates(q, k) @ at_or_after).clamp(max=self.npos_max - 1)
-        table = self.pos_emb[layer].T  # [npos_max, h_d]
+        table = self.pos_emb[layer].float().T  # [npos_max, h_d]
         floor = pos.floor()
         w = (pos - floor).unsqueeze(-1)
         e = table[floor.long()] * (1 - w) + table[pos.ceil().long()] * w  # [b, n_h, s_q, s_k, h_d]

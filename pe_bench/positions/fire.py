@@ -72,5 +72,6 @@ class FIRE(PositionScheme):
         return psi_n / psi_i.unsqueeze(-1)
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
-        x = self.normalised_distance(q_pos, k_pos, layer)
-        return self.mlp[layer](x.unsqueeze(-1)).permute(2, 0, 1)  # [n_h, s_q, s_k]
+        mlp = self.mlp[layer]
+        x = self.normalised_distance(q_pos, k_pos, layer).to(mlp[0].weight.dtype)
+        return mlp(x.unsqueeze(-1)).permute(2, 0, 1)  # [n_h, s_q, s_k]

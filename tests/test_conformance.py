@@ -50,15 +50,13 @@ def test_kit_fails_a_broken_plugin_saying_what_is_wrong(scheme, check, message):
     report = check_scheme(scheme)
     assert report[check].status == FAIL
     assert re.search(message, report[check].reason), report[check].reason
-    with pytest.raises(AssertionError, match=f"FAIL {check}: "):
-        assert_conforms(scheme)
 
 
 def test_leaky_plugin_fails_only_causality():
     """The leak is the one thing wrong with it: every other check passes or does not apply."""
-    report = check_scheme(broken_pe.LeaksFuture)
-    assert [c.name for c in report.failures] == ["causality"]
-    assert "leaks future tokens" in report["causality"].reason
+    with pytest.raises(AssertionError, match="FAIL causality: .* leaks future tokens") as err:
+        assert_conforms(broken_pe.LeaksFuture)
+    assert str(err.value).count("FAIL") == 1
 
 
 def test_options_and_limits_are_checked():

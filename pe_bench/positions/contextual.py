@@ -55,9 +55,10 @@ class CoPE(PositionScheme):
         logits_int = q.float() @ self.pos_emb[layer].float()  # [b, n_h, s_q, npos_max]: q_i . e[p]
         floor = pos.floor()
         w = pos - floor  # differentiable in the gates
-        at_floor = logits_int.gather(-1, floor.long())
-        at_ceil = logits_int.gather(-1, pos.ceil().long())
-        return (at_floor * (1 - w) + at_ceil * w) / math.sqrt(self.dims.head_dim)
+        lower = floor.long()
+        upper = (lower + 1).clamp_(max=self.npos_max - 1)  # ceil(p) wherever w > 0
+        at_lower, at_upper = logits_int.gather(-1, lower), logits_int.gather(-1, upper)
+        return (at_lower + w * (at_upper - at_lower)) / math.sqrt(self.dims.head_dim)
 
     def score_bias_reference(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int

@@ -15,9 +15,45 @@ from pe_bench.model import GPT, ModelConfig, build_model
 from pe_bench.positions import ModelDims
 
 # Every trainable scheme, and the eval-time variants with the scheme they apply to.
-TRAINABLE = ["nope", "sinusoidal", "learned", "t5", "xl", "rope", "alibi"]
-VARIANTS = ["pi", "ntk"]
-RELATIVE = ["t5", "xl", "rope", "alibi", "pi", "ntk"]
+CLASSIC = ["nope", "sinusoidal", "learned", "t5", "xl", "rope", "alibi"]
+TRAINABLE = [
+    *CLASSIC,
+    "shaw",
+    "kerple_log",
+    "kerple_power",
+    "fire",
+    "sandwich",
+    "xpos",
+    "cope",
+    "randomized_rope",
+    "randomized_learned",
+]
+VARIANTS = ["pi", "ntk", "dynamic_ntk", "yarn", "logn"]
+RELATIVE = [
+    "t5",
+    "xl",
+    "rope",
+    "alibi",
+    "pi",
+    "ntk",
+    "shaw",
+    "kerple_log",
+    "kerple_power",
+    "sandwich",
+    "xpos",
+    "yarn",
+]
+NOT_RELATIVE = [
+    "nope",
+    "sinusoidal",
+    "learned",
+    "fire",
+    "cope",
+    "randomized_rope",
+    "randomized_learned",
+    "dynamic_ntk",
+    "logn",
+]
 
 
 @pytest.fixture(autouse=True)

@@ -10,18 +10,18 @@ import pytest
 
 from pe_bench.results import load_records
 
-from .conftest import TINY, TRAINABLE, pe_bench
+from .conftest import CLASSIC, TINY, pe_bench
 
 
 def test_smoke_experiment_runs_every_scheme(smoke):
     proc, folder = smoke
     assert proc.returncode == 0, proc.stderr[-2000:]
     df = load_records(folder)
-    assert set(df["scheme"]) == set(TRAINABLE)
+    assert set(df["scheme"]) == set(CLASSIC)
     assert set(df["eval_len"]) == {16, 32, 64}
     rope = df[df["scheme"] == "rope"]
     assert set(rope["variant"]) == {"none", "pi", "ntk"}
-    assert len(df) == (len(TRAINABLE) + 2) * 3  # one record per (run, variant, length, mode)
+    assert len(df) == (len(CLASSIC) + 2) * 3  # one record per (run, variant, length, mode)
     assert df["tokens"].nunique() == 1  # every length scores the same tokens
     assert {"nll", "ppl", "bpb", "corpus_sha", "config_hash", "git_sha", "peak_mem_mb"} <= set(df)
 

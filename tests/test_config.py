@@ -18,6 +18,8 @@ from pe_bench.evaluate import EvalConfig
 from pe_bench.positions import scheme_class
 from pe_bench.train import TrainConfig
 
+from .conftest import TRAINABLE, VARIANTS
+
 CONF = Path(__file__).parents[1] / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
 SCHEMES = sorted(p.stem for p in (CONF / "pe").glob("*.yaml"))
@@ -112,3 +114,16 @@ def test_bad_types_and_unknown_keys(hydra_compose):
         from_node(TrainConfig, hydra_compose("+train.stesp=3").train, "train")
     with pytest.raises(UserError, match="eval.modes\\[0\\]=3 must be a string"):
         from_node(EvalConfig, hydra_compose("eval.modes=[3]").eval, "eval")
+
+
+def test_zoo_sweeps_every_scheme_and_evaluates_every_rope_variant():
+
+    GlobalHydra.instance().clear()
+    with initialize_config_module(version_base="1.3", config_module="pe_bench.conf"):
+        cfg = compose(config_name="config", overrides=["experiment=zoo"], return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    assert cfg.hydra.sweeper.params.pe.split(",") == TRAINABLE
+    assert set(cfg.eval.variants) == set(VARIANTS)
+    quick = (CONF / "experiment" / "quick.yaml").read_text()
+    assert cfg.train.seq_len == 64 and cfg.train.steps == 800 and "override /model: tiny" in quick
+    assert cfg.model.d_model == 128  # the quick suite's trunk

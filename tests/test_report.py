@@ -14,7 +14,7 @@ from PIL import Image
 from pe_bench import plots, report
 from pe_bench.results import write_jsonl
 
-from .conftest import TRAINABLE, diverged, record
+from .conftest import CLASSIC, diverged, record
 from .test_aggregate import three_seeds
 
 SMOKE_LABELS = ["nope", "sinusoidal", "learned", "t5", "xl", "rope", "rope+pi", "rope+ntk", "alibi"]
@@ -72,7 +72,7 @@ def test_smoke_report_end_to_end(smoke):
     assert sorted(int(row[0]) for row in score[1:]) == sorted(
         pd.read_csv(folder / "tables" / "score.csv")["rank"]
     )
-    assert [row[0] for row in runs[1:]] == TRAINABLE
+    assert [row[0] for row in runs[1:]] == CLASSIC
     assert "pe-bench -m experiment=smoke out_root=" in text
     assert "pe-bench-report . --metric ppl --mode nonoverlap --baseline 16" in text
     for png in ("ppl_vs_length", "ratio_heatmap", "position_loss", "training_curves"):
@@ -84,7 +84,7 @@ def test_smoke_report_end_to_end(smoke):
     )
     assert (
         pd.read_csv(folder / "figures" / "training_curves.csv")["label"].unique().tolist()
-        == TRAINABLE
+        == CLASSIC
     )
 
 

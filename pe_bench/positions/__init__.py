@@ -1,29 +1,47 @@
 """Position schemes: the registry, and ``build_scheme`` that turns a ``pe`` config into one.
 
 Importing this package registers the built-in schemes. A user's scheme registers itself when
-its module is imported, which ``build_scheme`` does for ``pe.plugin: my_pkg.my_module``.
+its module is imported, which happens
+
+- for ``pe.plugin: my_pkg.my_module`` in the config (``+pe.plugin=...`` on the command line);
+- for an installed package that declares an entry point in the group ``pe_bench.positions``
+  (``my_pe = "my_pkg.my_module:MyScheme"``): loaded lazily, the first time a name is not
+  found among the registered schemes.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import inspect
 from collections.abc import Mapping
 from typing import Any
 
 from pe_bench.errors import UserError
-from pe_bench.positions import absolute, bias, relative, rotary  # noqa: F401  (registers)
+from pe_bench.positions import (  # noqa: F401  (importing registers the built-ins)
+    absolute,
+    bias,
+    contextual,
+    fire,
+    randomized,
+    relative,
+    rotary,
+)
 from pe_bench.positions.base import ModelDims, PositionScheme, register, registered
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "ModelDims",
     "PositionScheme",
     "build_scheme",
+    "entry_points",
     "load_plugin",
     "register",
     "registered",
     "scheme_class",
 ]
+
+ENTRY_POINT_GROUP = "pe_bench.positions"
 
 # Keys of a ``pe`` config that are not constructor arguments.
 META_KEYS = ("name", "plugin")
@@ -37,12 +55,35 @@ def load_plugin(module: str) -> None:
         raise UserError(f"pe.plugin={module!r} does not import: {err}") from err
 
 
+def entry_points() -> dict[str, importlib.metadata.EntryPoint]:
+    """Installed plugins: entry points of the group ``pe_bench.positions`` by name."""
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _load_entry_point(ep: importlib.metadata.EntryPoint) -> None:
+    """Import an entry point's module; register its object under the entry point's name if
+    it is a scheme class its module did not register itself."""
+    try:
+        obj = ep.load()
+    except Exception as err:  # a broken plugin must not stop the benchmark with a traceback
+        raise UserError(f"entry point {ep.name!r} = {ep.value!r} does not load: {err}") from err
+    if ep.name not in registered() and inspect.isclass(obj) and issubclass(obj, PositionScheme):
+        register(ep.name)(obj)
+
+
 def scheme_class(name: str) -> type[PositionScheme]:
-    """The registered class for ``name``, or a ``UserError`` listing the known names."""
-    schemes = registered()
-    if name not in schemes:
-        raise UserError(f"unknown scheme {name!r}; registered: {', '.join(sorted(schemes))}")
-    return schemes[name]
+    """The registered class for ``name`` (loading an installed plugin of that name if needed),
+    or a ``UserError`` listing the known names."""
+    if name not in registered():
+        plugins = entry_points()
+        if name in plugins:
+            _load_entry_point(plugins[name])
+        if name not in registered():
+            installed = f"; installed plugins: {', '.join(sorted(plugins))}" if plugins else ""
+            raise UserError(
+                f"unknown scheme {name!r}; registered: {', '.join(sorted(registered()))}{installed}"
+            )
+    return registered()[name]
 
 
 def scheme_options(cls: type[PositionScheme]) -> list[str]:

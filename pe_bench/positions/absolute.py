@@ -74,7 +74,7 @@ class Learned(PositionScheme):
     ) -> None:
         super().__init__(dims)
         if beyond not in self.BEYOND:
-            raise UserError(f"learned: beyond={beyond!r} is not one of {list(self.BEYOND)}")
+            raise UserError(f"{self.name}: beyond={beyond!r} is not one of {list(self.BEYOND)}")
         self.rows = max_positions or 16 * dims.train_len
         if self.rows < dims.train_len:
             raise UserError(

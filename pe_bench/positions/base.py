@@ -1,4 +1,8 @@
-"""The position-scheme interface: a few hooks the model calls, and what a scheme can serve.
+"""The position-scheme interface: the hooks the model calls, and what a scheme declares.
+
+This is the public plugin API. A scheme is a subclass of ``PositionScheme`` registered by name
+with ``@register("my_pe")``; it overrides only the hooks it needs (the defaults do nothing,
+which is NoPE). See ``docs/add_your_encoding.md``.
 
 Notation used for tensor shapes:
     b: batch, n_h: heads, s: sequence length (s_q queries, s_k keys), h_d: head dim, d: d_model.
@@ -32,28 +36,53 @@ class ModelDims:
 class PositionScheme(nn.Module):
     """Base class of every position scheme.
 
-    A scheme overrides only the hooks it needs; the defaults do nothing, which is NoPE:
+    The model calls four hooks (their signatures are fixed):
 
-    - ``positions(seq_len)``: the position of each index (randomized schemes resample them);
+    - ``positions(seq_len, device)``: the position of each index, ``[s]`` (randomized schemes
+      resample them while ``self.training``);
     - ``embed(x, pos)``: add to the token embeddings (sinusoidal, learned);
-    - ``transform_qk(q, k, q_pos, k_pos, layer)``: rotate or scale queries and keys (RoPE);
-    - ``score_bias(q, k, q_pos, k_pos, layer)``: a term added to the scaled attention logits,
-      either content-free (ALiBi, T5, shape ``[n_h, s_q, s_k]``) or content-dependent
-      (Transformer-XL, shape ``[b, n_h, s_q, s_k]``).
+    - ``transform_qk(q, k, q_pos, k_pos, layer)``: transform queries and keys. The default
+      composes two finer hooks a scheme overrides instead:
 
-    The attention module picks its fast path from which hooks a scheme overrides
+      - ``rotate(q, k, q_pos, k_pos, layer)``: rotate or rescale q and k (RoPE, xPos);
+      - ``logit_scale(q_pos, k_pos)``: a factor ``[s_q]`` per query, multiplied into q, so
+        it scales q . k (and any content-dependent term built from q) but not a content-free
+        bias (log-n scaling, YaRN's attention factor);
+
+    - ``score_bias(q, k, q_pos, k_pos, layer)``: a term added to the attention logits *after*
+      the 1/sqrt(h_d) scaling of q . k (as SDPA's ``attn_mask``), before the causal mask.
+      Content-free (``content_bias = False``: ALiBi, T5, KERPLE, FIRE; shape ``[n_h, s_q,
+      s_k]``; a fast path may cache it or turn it into a FlexAttention ``score_mod``) or
+      content-dependent (``content_bias = True``: Transformer-XL, Shaw, CoPE; shape
+      ``[b, n_h, s_q, s_k]``). Entries for future keys are ignored (masked afterwards).
+
+    A scheme whose ``score_bias`` is a fast path also defines ``score_bias_reference`` with
+    the same signature: the formula written out, which the conformance kit
+    (``pe_bench.conformance``) holds equal to the fast path on every unmasked entry.
+
+    The attention module picks its path from which hooks a scheme overrides
     (``has_score_bias``), so the model never branches on scheme names.
 
-    Class attributes a scheme declares:
+    Class attributes a scheme declares (capability flags, checked by the conformance kit):
         name: the registry name (set by ``@register``).
-        relative: scores depend on i - j only; tests check it by shifting all positions.
-        variant_of: for eval-time variants (PI, NTK), the trained scheme they apply to.
-        shared_bias: ``score_bias`` ignores q, k and layer (ALiBi, T5): the model builds the
-            masked bias once per forward pass and shares it across layers.
+        relative: the logits depend on i - j only; checked by shifting every position.
+        content_bias: ``score_bias`` reads q or k (see above).
+        variant_of: for eval-time variants (PI, NTK, YaRN, ...), the trained scheme whose
+            checkpoint they are evaluated on.
+        shared_bias: ``score_bias`` ignores q, k and layer (ALiBi, T5, KERPLE, ...): the model
+            builds the masked bias once per forward pass and shares it across layers.
+
+    And as a property:
+        max_positions: the longest sequence the scheme can serve (None: unbounded); longer
+            ones raise a ``UserError`` from ``check_length``, before any training.
+
+    Parameters are created and initialised in ``__init__`` (the model builds the scheme under
+    its own seed and never re-initialises it).
     """
 
     name: ClassVar[str] = ""
     relative: ClassVar[bool] = False
+    content_bias: ClassVar[bool] = False
     variant_of: ClassVar[str | None] = None
     shared_bias: ClassVar[bool] = False
 
@@ -84,7 +113,7 @@ class PositionScheme(nn.Module):
         """True when the scheme adds to the logits, which rules out the plain causal SDPA path."""
         return type(self).score_bias is not PositionScheme.score_bias
 
-    # ---- hooks ---------------------------------------------------------------------------
+    # ---- hooks the model calls -----------------------------------------------------------
 
     def positions(self, seq_len: int, device: torch.device) -> Tensor:
         """Positions of a sequence of ``seq_len`` tokens: ``[s]``."""
@@ -97,13 +126,30 @@ class PositionScheme(nn.Module):
     def transform_qk(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
     ) -> tuple[Tensor, Tensor]:
-        """Queries ``[b, n_h, s_q, h_d]`` and keys ``[b, n_h, s_k, h_d]``, transformed."""
+        """Queries ``[b, n_h, s_q, h_d]`` and keys ``[b, n_h, s_k, h_d]``, transformed:
+        ``rotate``, then the queries multiplied by ``logit_scale``."""
+        q, k = self.rotate(q, k, q_pos, k_pos, layer)
+        scale = self.logit_scale(q_pos, k_pos)
+        if scale is not None:
+            q = q * scale.to(q.dtype).unsqueeze(-1)  # [s_q, 1]: row i of q . k times scale_i
         return q, k
 
     def score_bias(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
     ) -> Tensor | None:
         """Additive logit term broadcastable to ``[b, n_h, s_q, s_k]`` (after 1/sqrt(h_d))."""
+        return None
+
+    # ---- finer hooks composed by transform_qk --------------------------------------------
+
+    def rotate(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
+    ) -> tuple[Tensor, Tensor]:
+        """Rotate or rescale queries ``[b, n_h, s_q, h_d]`` and keys ``[b, n_h, s_k, h_d]``."""
+        return q, k
+
+    def logit_scale(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        """A factor per query ``[s_q]`` on its logits q . k (temperature), or None."""
         return None
 
 
@@ -114,6 +160,8 @@ def register(name: str):
     """Class decorator: make a scheme buildable from config as ``pe.name: <name>``."""
 
     def decorate(cls: type[PositionScheme]) -> type[PositionScheme]:
+        if not (isinstance(cls, type) and issubclass(cls, PositionScheme)):
+            raise TypeError(f"@register({name!r}) needs a PositionScheme subclass, got {cls!r}")
         if name in _REGISTRY and _REGISTRY[name] is not cls:
             raise ValueError(f"scheme name '{name}' is already registered by {_REGISTRY[name]}")
         cls.name = name

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pe_bench.errors import UserError
@@ -120,3 +121,107 @@ class T5Bias(PositionScheme):
         buckets = t5_bucket(distances(q_pos, k_pos), self.num_buckets, self.max_distance)
         bias = self.scale * self.bias(buckets)  # [s_q, s_k, n_h]
         return bias.permute(2, 0, 1)  # [n_h, s_q, s_k]
+
+
+def inverse_softplus(y: Tensor) -> Tensor:
+    """x with softplus(x) = y (y > 0): log(exp(y) - 1)."""
+    return y.expm1().log()
+
+
+def kerple_init(num_heads: int, high: float, eps: float = 1e-2) -> Tensor:
+    """The KERPLE reference's initial values: U(0, high) per head, clamped at eps = 0.01 (the
+    reference clamps every parameter at eps before use)."""
+    return (torch.rand(num_heads) * high).clamp(min=eps)
+
+
+@register("kerple_log")
+class KerpleLog(PositionScheme):
+    """KERPLE, logarithmic variant (Chi et al. 2022, https://arxiv.org/abs/2205.09921):
+    bias = -r1 * ln(1 + r2 * (i - j)) with r1, r2 > 0 learned per head, shared by all layers.
+    Reference implementation: chijames/KERPLE, ``ParallelKerpleLog`` in ``megatron/mpu/layers.py``
+    (r1 ~ U(0, 2), r2 ~ U(0, 1) at initialisation, kept positive there by clamping at 0.01).
+
+    Here r = softplus(w) keeps them positive with a smooth gradient instead of the clamp.
+    """
+
+    relative = True
+    shared_bias = True  # one bias for all layers
+
+    def __init__(self, dims: ModelDims) -> None:
+        super().__init__(dims)
+        self.raw_r1 = nn.Parameter(inverse_softplus(kerple_init(dims.num_heads, 2.0)))
+        self.raw_r2 = nn.Parameter(inverse_softplus(kerple_init(dims.num_heads, 1.0)))
+
+    def coefficients(self) -> tuple[Tensor, Tensor]:
+        """(r1, r2), each ``[n_h]``."""
+        return F.softplus(self.raw_r1), F.softplus(self.raw_r2)
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        n = distances(q_pos, k_pos).clamp(min=0).float()  # [s_q, s_k]
+        r1, r2 = (r.view(-1, 1, 1) for r in self.coefficients())
+        return -r1 * torch.log1p(r2 * n)  # [n_h, s_q, s_k]
+
+
+@register("kerple_power")
+class KerplePower(PositionScheme):
+    """KERPLE, power variant (Chi et al. 2022, https://arxiv.org/abs/2205.09921):
+    bias = -r1 * (i - j)^r2 with r1 > 0 and 0 < r2 <= 2 learned per head, shared by all layers.
+    Reference implementation: chijames/KERPLE, ``ParallelKerplePower`` (r1 ~ U(0, 1),
+    r2 ~ U(0, 2) at initialisation, clamped to [0.01, 2] there).
+
+    Here r1 = softplus(w1) and r2 = 2 sigmoid(w2) keep them in range with smooth gradients.
+    """
+
+    relative = True
+    shared_bias = True  # one bias for all layers
+
+    def __init__(self, dims: ModelDims) -> None:
+        super().__init__(dims)
+        r1 = kerple_init(dims.num_heads, 1.0)
+        r2 = kerple_init(dims.num_heads, 2.0).clamp(max=1.99)  # 2 sigmoid(w) never reaches 2
+        self.raw_r1 = nn.Parameter(inverse_softplus(r1))
+        self.raw_r2 = nn.Parameter(torch.logit(r2 / 2))
+
+    def coefficients(self) -> tuple[Tensor, Tensor]:
+        """(r1, r2), each ``[n_h]``."""
+        return F.softplus(self.raw_r1), 2 * torch.sigmoid(self.raw_r2)
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        n = distances(q_pos, k_pos).clamp(min=0).float()  # [s_q, s_k]
+        r1, r2 = (r.view(-1, 1, 1) for r in self.coefficients())
+        # n^r2 as exp(r2 ln n) where n > 0: the gradient of 0^r2 with respect to r2 is 0 . ln 0
+        power = torch.where(n > 0, torch.exp(r2 * n.clamp(min=1).log()), 0.0)
+        return -r1 * power  # [n_h, s_q, s_k]
+
+
+@register("sandwich")
+class Sandwich(PositionScheme):
+    """Sandwich (Chi et al. 2023, https://arxiv.org/abs/2212.10356): the inner product of the
+    sinusoidal embeddings of i and j, p_i . p_j = sum_{k=1}^{d'/2} cos((i - j) / 10000^(2k/d')),
+    minus d'/2 so that it is 0 at distance 0, divided by 8h/H for head h = 1..H (ALiBi-like
+    per-head compression). Parameter-free. Reference implementation: NVIDIA NeMo
+    ``SandwichRelativePositionEmbedding`` (``sandwich_relative_position_embedding.py``), with
+    d' the head dimension.
+
+    Args:
+        dim (int | None): d', the width of the sinusoidal embeddings. Default: None (h_d).
+    """
+
+    relative = True
+    shared_bias = True  # one bias for all layers
+
+    def __init__(self, dims: ModelDims, *, dim: int | None = None) -> None:
+        super().__init__(dims)
+        dim = dims.head_dim if dim is None else dim
+        if dim < 2 or dim % 2:
+            raise UserError(f"sandwich: dim must be even and >= 2, got {dim}")
+        self.dim = dim
+        k = torch.arange(1, dim // 2 + 1, dtype=torch.float64)
+        self.register_buffer("inv_freq", (10000.0 ** (-2 * k / dim)).float(), persistent=False)
+        heads = torch.arange(1, dims.num_heads + 1, dtype=torch.float32)
+        self.register_buffer("compression", 8 * heads / dims.num_heads, persistent=False)
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        n = distances(q_pos, k_pos).float()  # [s_q, s_k]
+        inner = torch.cos(n.unsqueeze(-1) * self.inv_freq).sum(-1)  # [s_q, s_k]
+        return (inner - self.dim / 2) / self.compression.view(-1, 1, 1)  # [n_h, s_q, s_k]

@@ -1,4 +1,4 @@
-"""Relative schemes whose logit terms depend on query/key content: Transformer-XL."""
+"""Relative schemes whose logit terms depend on query/key content: Transformer-XL, Shaw et al."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from pe_bench.errors import UserError
 from pe_bench.positions.absolute import sinusoid_table
 from pe_bench.positions.base import ModelDims, PositionScheme, register
 from pe_bench.positions.bias import distances
@@ -39,10 +40,12 @@ class TransformerXL(PositionScheme):
 
     ``score_bias`` is the fast path: the position term for the s_k distances once per layer,
     aligned by ``rel_shift``; it takes positions to be consecutive (always true in this suite).
-    ``score_bias_naive`` is the O(s^2 d) formula written out, kept for tests.
+    ``score_bias_reference`` is the O(s^2 d) formula written out (the conformance kit holds
+    the two equal).
     """
 
     relative = True
+    content_bias = True
 
     def __init__(self, dims: ModelDims) -> None:
         super().__init__(dims)
@@ -71,7 +74,7 @@ class TransformerXL(PositionScheme):
         position = qv @ r.to(q.dtype).permute(1, 2, 0)  # [b, n_h, s_q, s_k], contiguous
         return rel_shift(position) + self._content_term(k) * scale
 
-    def score_bias_naive(
+    def score_bias_reference(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
     ) -> Tensor:
         """Reference: W_R r_{i-j} for every pair, dotted with q_i + v."""
@@ -79,3 +82,50 @@ class TransformerXL(PositionScheme):
         qv = q + self.v.to(q.dtype).unsqueeze(1)
         position = torch.einsum("bhqd,qkhd->bhqk", qv, r.to(q.dtype))
         return (self._content_term(k) + position) / math.sqrt(self.dims.head_dim)
+
+
+@register("shaw")
+class Shaw(PositionScheme):
+    """Relative position representations (Shaw et al. 2018, https://arxiv.org/abs/1803.02155):
+    e_ij = q_i . (k_j + a_{clip(j - i, -k, k)}) / sqrt(h_d), with a learned vector a per
+    clipped relative distance, per layer and shared by the heads (as tensor2tensor's
+    ``dot_product_attention_relative``). The q_i . k_j part is the model's own; this scheme
+    adds q_i . a / sqrt(h_d). Causal attention only sees j - i in [-k, 0], so the table has the
+    k + 1 rows a_0 .. a_k for distances n = i - j (the paper's 2k + 1 rows minus the k future
+    ones no query ever uses).
+
+    The paper's value term a^V has no hook here; its ablation (Table 4) finds the key term
+    alone as good as both. ``score_bias`` gathers q . a for the k + 1 distances;
+    ``score_bias_reference`` writes out a_{clip} for every pair.
+
+    Args:
+        max_distance (int): the clipping distance k. Default: 16 (the paper's experiments).
+    """
+
+    relative = True
+    content_bias = True
+
+    def __init__(self, dims: ModelDims, *, max_distance: int = 16) -> None:
+        super().__init__(dims)
+        if max_distance < 1:
+            raise UserError(f"shaw: max_distance must be >= 1, got {max_distance}")
+        self.max_distance = max_distance
+        table = torch.empty(dims.num_layers, max_distance + 1, dims.head_dim)
+        self.rel_keys = nn.Parameter(nn.init.normal_(table, std=0.02))  # [layers, k + 1, h_d]
+
+    def _clipped(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """min(i - j, k) for every pair, ``[s_q, s_k]`` (future pairs, masked later, give 0)."""
+        return distances(q_pos, k_pos).clamp(0, self.max_distance)
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        table = self.rel_keys[layer].to(q.dtype)
+        qa = q @ table.T  # [b, n_h, s_q, k + 1]: q_i . a_n for every clipped distance n
+        index = self._clipped(q_pos, k_pos).expand(*q.shape[:2], -1, -1)  # [b, n_h, s_q, s_k]
+        return qa.gather(-1, index) / math.sqrt(self.dims.head_dim)
+
+    def score_bias_reference(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
+    ) -> Tensor:
+        """q_i . a_{clip(j - i)} / sqrt(h_d) with a materialised for every pair."""
+        a = self.rel_keys[layer][self._clipped(q_pos, k_pos)]  # [s_q, s_k, h_d]
+        return torch.einsum("bhqd,qkd->bhqk", q, a.to(q.dtype)) / math.sqrt(self.dims.head_dim)

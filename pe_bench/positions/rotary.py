@@ -1,10 +1,13 @@
-"""Rotary position embedding (RoPE) and its eval-time extensions (PI, NTK-aware scaling).
+"""Rotary position embedding (RoPE), xPos, and RoPE's eval-time extensions (PI, NTK-aware,
+dynamic NTK, YaRN, log-n scaling).
 
 Pairing layout: half-split, as HF ``rotate_half`` (dim k pairs with dim k + h_d/2), not
 interleaved. Both give the same scores; half-split needs no strided views.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -52,13 +55,65 @@ class RoPE(PositionScheme):
         d = self.dims.head_dim
         return self.base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
 
-    def transform_qk(
+    def context_len(self, k_pos: Tensor) -> int:
+        """The context length the frequencies are computed for: the number of keys."""
+        return k_pos.shape[-1]
+
+    def rotate(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
     ) -> tuple[Tensor, Tensor]:
-        inv_freq = self.inv_freq(k_pos.shape[-1]).to(device=q.device, dtype=torch.float32)
+        inv_freq = self.inv_freq(self.context_len(k_pos)).to(q.device, torch.float32)
         q_angles = q_pos.float().unsqueeze(-1) * inv_freq  # [s_q, h_d/2]
         k_angles = k_pos.float().unsqueeze(-1) * inv_freq  # [s_k, h_d/2]
         return apply_rotary(q, q_angles), apply_rotary(k, k_angles)
+
+
+@register("xpos")
+class XPos(RoPE):
+    """xPos (Sun et al. 2022, https://arxiv.org/abs/2212.10554): RoPE whose pair k of q is
+    also scaled by zeta_k^(i/S) and of k by zeta_k^(-j/S), zeta_k = (2k/h_d + gamma)/(1 + gamma),
+    so q_i . k_j gains the decay zeta_k^((i-j)/S). Reference implementation: torchscale
+    ``component/xpos_relative_position.py`` (``XPOS``: gamma 0.4, scale_base 512).
+
+    The exponents are taken relative to the middle of the key positions (torchscale centres
+    them too), which keeps zeta^(+-m/S) in float32 range and cancels exactly in q . k: the
+    logits depend on i - j only, so xPos is relative.
+
+    Args:
+        base (float): RoPE frequency base. Default: 10000.
+        gamma (float): gamma in zeta_k. Default: 0.4.
+        scale_base (float): S. Default: 512.
+    """
+
+    def __init__(
+        self,
+        dims: ModelDims,
+        *,
+        base: float = 10000.0,
+        gamma: float = 0.4,
+        scale_base: float = 512.0,
+    ) -> None:
+        super().__init__(dims, base=base)
+        if gamma <= 0 or scale_base <= 0:
+            raise UserError(f"xpos: gamma ({gamma}) and scale_base ({scale_base}) must be > 0")
+        self.scale_base = scale_base
+        d = dims.head_dim
+        zeta = (torch.arange(0, d, 2, dtype=torch.float64) / d + gamma) / (1 + gamma)
+        self.register_buffer("zeta", zeta.float(), persistent=False)  # [h_d/2]
+
+    def decay(self, pos: Tensor, centre: Tensor) -> Tensor:
+        """zeta_k^((pos - centre)/S): ``[s, h_d]`` (each factor repeated for both halves)."""
+        exponent = (pos.float() - centre).unsqueeze(-1) / self.scale_base  # [s, 1]
+        return (self.zeta**exponent).repeat(1, 2)
+
+    def rotate(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
+    ) -> tuple[Tensor, Tensor]:
+        q, k = super().rotate(q, k, q_pos, k_pos, layer)
+        centre = (k_pos.min() + k_pos.max()).float() / 2
+        q = (q.float() * self.decay(q_pos, centre)).type_as(q)
+        k = (k.float() / self.decay(k_pos, centre)).type_as(k)
+        return q, k
 
 
 class ScaledRoPE(RoPE):
@@ -104,3 +159,120 @@ class NTKAware(ScaledRoPE):
         d = self.dims.head_dim
         base = self.base * self.scale(seq_len) ** (d / (d - 2))
         return base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+
+
+@register("dynamic_ntk")
+class DynamicNTK(RoPE):
+    """Dynamic NTK scaling (bloc97 and emozilla 2023; HF transformers ``rope_type="dynamic"``,
+    ``_compute_dynamic_ntk_parameters`` in ``modeling_rope_utils.py``).
+
+    For a context of length l (the largest position + 1, as HF's ``dynamic_rope_update``)
+    longer than L_train, base' = base * (f * l / L_train - (f - 1))^(h_d/(h_d-2)), recomputed
+    for every l; plain RoPE up to L_train. With f = 1 it is NTK with s = l / L_train.
+
+    Args:
+        base (float): frequency base of the trained rope. Default: 10000.
+        factor (float): f. HF has no default; 2.0 is the value of its examples. Default: 2.0.
+    """
+
+    relative = False  # the frequencies depend on the largest position, not on i - j alone
+    variant_of = "rope"
+
+    def __init__(self, dims: ModelDims, *, base: float = 10000.0, factor: float = 2.0):
+        super().__init__(dims, base=base)
+        if factor < 1:
+            raise UserError(f"dynamic_ntk: factor must be >= 1, got {factor}")
+        self.factor = factor
+
+    def context_len(self, k_pos: Tensor) -> int:
+        return int(k_pos.max()) + 1
+
+    def inv_freq(self, seq_len: int) -> Tensor:
+        d, train_len, f = self.dims.head_dim, self.dims.train_len, self.factor
+        base = self.base
+        if seq_len > train_len:
+            base = base * (f * seq_len / train_len - (f - 1)) ** (d / (d - 2))
+        return base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+
+
+def yarn_correction_dim(rotations: float, dim: int, base: float, train_len: int) -> float:
+    """The (fractional) pair index whose wavelength fits ``rotations`` times in the training
+    length: dim(r) = d ln(L_train / (2 pi r)) / (2 ln base) (YaRN, eq. 17; HF
+    ``find_correction_dim``)."""
+    return dim * math.log(train_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+
+@register("yarn")
+class YaRN(ScaledRoPE):
+    """YaRN (Peng et al. 2023, https://arxiv.org/abs/2309.00071; HF transformers
+    ``rope_type="yarn"``, ``_compute_yarn_parameters`` in ``modeling_rope_utils.py``).
+
+    theta'_k = (1 - ramp_k) theta_k + ramp_k theta_k / s: pairs that rotate more than
+    beta_fast times over L_train keep their frequency, pairs that rotate fewer than beta_slow
+    times are interpolated, with a linear ramp between the correction dims
+    low = floor(dim(beta_fast)) and high = ceil(dim(beta_slow)) (clamped to [0, h_d - 1]).
+    HF multiplies cos and sin by the attention factor a = 0.1 ln(s) + 1 (1 for s <= 1), so the
+    logits q . k scale by a^2: that is this scheme's ``logit_scale``.
+
+    Args:
+        base (float): frequency base of the trained rope. Default: 10000.
+        factor (float | None): s; null: eval length / L_train. Default: None.
+        beta_fast (float): rotations above which a pair is not interpolated. Default: 32.
+        beta_slow (float): rotations below which a pair is fully interpolated. Default: 1.
+    """
+
+    def __init__(
+        self,
+        dims: ModelDims,
+        *,
+        base: float = 10000.0,
+        factor: float | None = None,
+        beta_fast: float = 32.0,
+        beta_slow: float = 1.0,
+    ) -> None:
+        super().__init__(dims, base=base, factor=factor)
+        if not beta_fast > beta_slow > 0:
+            raise UserError(f"yarn: need beta_fast > beta_slow > 0, got {beta_fast}, {beta_slow}")
+        d, train_len = dims.head_dim, dims.train_len
+        low = max(math.floor(yarn_correction_dim(beta_fast, d, base, train_len)), 0)
+        high = min(math.ceil(yarn_correction_dim(beta_slow, d, base, train_len)), d - 1)
+        if low == high:
+            high += 0.001  # as HF: avoid a division by zero
+        ramp = (torch.arange(d // 2, dtype=torch.float64) - low) / (high - low)
+        self.ramp = ramp.clamp(0, 1)  # [h_d/2]: 0 keeps theta_k, 1 interpolates it
+
+    def inv_freq(self, seq_len: int) -> Tensor:
+        theta = super().inv_freq(seq_len)
+        return (1 - self.ramp) * theta + self.ramp * theta / self.scale(seq_len)
+
+    def attention_factor(self, seq_len: int) -> float:
+        """a = 0.1 ln(s) + 1, the factor HF puts on cos and sin."""
+        return 0.1 * math.log(self.scale(seq_len)) + 1.0
+
+    def logit_scale(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        a = self.attention_factor(self.context_len(k_pos))
+        return None if a == 1.0 else torch.full(q_pos.shape, a * a, device=q_pos.device)
+
+
+@register("logn")
+class LogN(RoPE):
+    """Log-n scaling on a trained RoPE model (Su 2021, "entropy-invariant attention",
+    https://kexue.fm/archives/8823; as Qwen's ``logn_attn``): the logits of the query at 1-based
+    position p are multiplied by max(1, ln p / ln L_train), so a query that sees more keys than
+    in training gets a proportionally sharper softmax. Plain RoPE up to L_train.
+
+    Args:
+        base (float): frequency base of the trained rope. Default: 10000.
+    """
+
+    relative = False  # the scale depends on the absolute query position p
+    variant_of = "rope"
+
+    def __init__(self, dims: ModelDims, *, base: float = 10000.0) -> None:
+        super().__init__(dims, base=base)
+        if dims.train_len < 2:
+            raise UserError(f"logn needs a training length >= 2, got {dims.train_len}")
+
+    def logit_scale(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        p = q_pos.float() + 1  # 1-based: the number of keys the query sees
+        return (p.log() / math.log(self.dims.train_len)).clamp(min=1.0)

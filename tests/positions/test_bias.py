@@ -1,9 +1,10 @@
-"""ALiBi and T5: defining numbers pinned by hand, and the bias each adds."""
+"""ALiBi, T5, KERPLE and Sandwich: defining numbers pinned by hand, and the bias each adds."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from pe_bench.positions import build_scheme
@@ -76,3 +77,66 @@ def test_shared_bias_flags():
     shared = {name for name, cls in registered().items() if cls.shared_bias}
     assert {"alibi", "t5"} <= shared
     assert "xl" not in shared  # per-layer W_R and content terms
+
+
+def set_kerple(scheme, r1: float, r2: float) -> None:
+    """Set every head's (r1, r2) through the scheme's own parametrisation."""
+    from pe_bench.positions.bias import KerplePower, inverse_softplus
+
+    with torch.no_grad():
+        scheme.raw_r1.fill_(inverse_softplus(torch.tensor(r1)).item())
+        if isinstance(scheme, KerplePower):
+            scheme.raw_r2.fill_(torch.logit(torch.tensor(r2 / 2)).item())
+        else:
+            scheme.raw_r2.fill_(inverse_softplus(torch.tensor(r2)).item())
+
+
+def test_kerple_log_bias_by_hand(dims):
+    # -r1 ln(1 + r2 n) with r1 = 2, r2 = 0.5: n = 3 -> -2 ln 2.5 = -1.8326, n = 0 -> 0
+    scheme = build_scheme({"name": "kerple_log"}, dims)
+    set_kerple(scheme, 2.0, 0.5)
+    bias = scheme.score_bias(None, None, torch.arange(8), torch.arange(8), 0)  # [n_h, 8, 8]
+    assert bias.shape == (dims.num_heads, 8, 8)
+    assert bias[1, 5, 2].item() == pytest.approx(-2 * math.log(2.5), rel=1e-6)
+    assert bias[0, 4, 4].item() == 0.0
+    # shared by all layers
+    assert torch.equal(bias, scheme.score_bias(None, None, torch.arange(8), torch.arange(8), 1))
+
+
+def test_kerple_power_bias_by_hand(dims):
+    # -r1 n^r2 with r1 = 0.5, r2 = 1.5: n = 4 -> -0.5 * 8 = -4, n = 0 -> 0
+    scheme = build_scheme({"name": "kerple_power"}, dims)
+    set_kerple(scheme, 0.5, 1.5)
+    bias = scheme.score_bias(None, None, torch.arange(8), torch.arange(8), 0)
+    assert bias[2, 6, 2].item() == pytest.approx(-4.0, rel=1e-5)
+    assert bias[2, 6, 6].item() == 0.0
+
+
+def test_kerple_parameters_start_in_the_reference_ranges(dims):
+    # chijames/KERPLE: log r1 ~ U(0, 2), r2 ~ U(0, 1); power r1 ~ U(0, 1), r2 ~ U(0, 2); >= 0.01
+    for name, (high1, high2) in {"kerple_log": (2, 1), "kerple_power": (1, 2)}.items():
+        torch.manual_seed(1)
+        r1, r2 = build_scheme({"name": name}, dims).coefficients()
+        assert r1.shape == r2.shape == (dims.num_heads,)
+        assert ((r1 >= 0.01 - 1e-6) & (r1 <= high1)).all() and (
+            (r2 >= 0.01 - 1e-6) & (r2 <= high2)
+        ).all()
+
+
+def test_kerple_power_gradient_is_finite_at_distance_zero(dims):
+    scheme = build_scheme({"name": "kerple_power"}, dims)
+    scheme.score_bias(None, None, torch.arange(6), torch.arange(6), 0).sum().backward()
+    assert torch.isfinite(scheme.raw_r1.grad).all() and torch.isfinite(scheme.raw_r2.grad).all()
+
+
+def test_sandwich_bias_by_hand(dims):
+    # d' = head_dim = 8: frequencies 10000^(-2k/8) = 0.1, 0.01, 0.001, 0.0001 for k = 1..4;
+    # bias_h(n) = (sum_k cos(n f_k) - 4) / (8 h / 4) for heads h = 1..4
+    scheme = build_scheme({"name": "sandwich"}, dims)
+    assert scheme.inv_freq.tolist() == pytest.approx([0.1, 0.01, 0.001, 0.0001])
+    assert scheme.compression.tolist() == [2.0, 4.0, 6.0, 8.0]
+    bias = scheme.score_bias(None, None, torch.arange(10), torch.arange(10), 0)
+    inner = sum(math.cos(5 * f) for f in (0.1, 0.01, 0.001, 0.0001))
+    for h in range(4):
+        assert bias[h, 7, 2].item() == pytest.approx((inner - 4) / (2 * (h + 1)), abs=1e-6)
+        assert bias[h, 3, 3].item() == pytest.approx(0.0, abs=1e-6)

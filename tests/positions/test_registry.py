@@ -7,7 +7,7 @@ import pytest
 from pe_bench.errors import UserError
 from pe_bench.positions import build_scheme, registered
 
-from ..conftest import RELATIVE, TRAINABLE, VARIANTS
+from ..conftest import NOT_RELATIVE, RELATIVE, TRAINABLE, VARIANTS
 
 
 def test_every_card_scheme_is_registered():
@@ -15,12 +15,20 @@ def test_every_card_scheme_is_registered():
 
 
 def test_relative_flags_match_the_card():
+    assert set(RELATIVE) | set(NOT_RELATIVE) == set(TRAINABLE + VARIANTS)
     assert {name for name, cls in registered().items() if cls.relative} >= set(RELATIVE)
-    assert not any(registered()[n].relative for n in ("nope", "sinusoidal", "learned"))
+    assert not any(registered()[n].relative for n in NOT_RELATIVE)
+
+
+def test_content_dependent_biases_are_declared():
+    content = {name for name, cls in registered().items() if cls.content_bias}
+    assert content >= {"xl", "shaw", "cope"}
+    assert not content & {"alibi", "t5", "kerple_log", "kerple_power", "fire", "sandwich"}
 
 
 def test_variants_declare_what_they_apply_to():
-    assert {n: registered()[n].variant_of for n in VARIANTS} == {"pi": "rope", "ntk": "rope"}
+    assert {n: registered()[n].variant_of for n in VARIANTS} == dict.fromkeys(VARIANTS, "rope")
+    assert not any(registered()[n].variant_of for n in TRAINABLE)
 
 
 def test_unknown_scheme_lists_the_registered_ones(dims):

@@ -11,6 +11,7 @@ import torch
 from pe_bench.attention import attention_logits
 from pe_bench.errors import UserError
 from pe_bench.positions import ModelDims, build_scheme
+from pe_bench.positions.rotary import apply_rotary
 
 DIMS = ModelDims(d_model=32, num_heads=4, head_dim=8, num_layers=2, train_len=16)
 
@@ -108,3 +109,77 @@ def test_rope_is_exact_at_long_positions():
     near, far = torch.arange(8), torch.arange(8) + 16384
     diff = attention_logits(rope, q, k, near, near) - attention_logits(rope, q, k, far, far)
     assert diff.abs().max().item() < 0.05 * math.sqrt(8)
+
+
+def test_xpos_decay_by_hand():
+    # zeta_k = (2k/8 + 0.4) / 1.4 = 2/7, 0.4643, 0.6429, 0.8214; with q and k only in pair 0,
+    # the xPos logit is the RoPE logit times zeta_0^((i - j)/512): exactly 2/7 at i - j = 512.
+    xpos = build_scheme({"name": "xpos"}, DIMS)
+    assert xpos.zeta.tolist() == pytest.approx([2 / 7, 0.65 / 1.4, 0.9 / 1.4, 1.15 / 1.4])
+    rope = build_scheme({"name": "rope"}, DIMS)
+    q, k = torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 2, 8)
+    q[..., 0], q[..., 4], k[..., 0], k[..., 4] = 1.0, 0.5, -0.3, 2.0
+    pos = torch.tensor([100, 612])
+    ratio = attention_logits(xpos, q, k, pos, pos) / attention_logits(rope, q, k, pos, pos)
+    assert ratio[0, 0, 1, 0].item() == pytest.approx(2 / 7, rel=1e-4)  # i - j = 512
+    assert ratio[0, 0, 1, 1].item() == pytest.approx(1.0, rel=1e-5)  # i = j
+
+
+def test_dynamic_ntk_base_by_hand():
+    # f = 2, L_train = 16, l = 64: base' = 10000 (2 * 64/16 - 1)^(8/6) = 10000 * 7^(4/3),
+    # so theta_3 = base'^(-6/8) = 10000^-0.75 / 7; up to l = 16 plain RoPE.
+    dyn = build_scheme({"name": "dynamic_ntk"}, DIMS)
+    assert dyn.factor == 2.0
+    got = dyn.inv_freq(64)
+    assert got[0].item() == pytest.approx(1.0)
+    assert got[3].item() == pytest.approx(0.001 / 7)
+    assert torch.allclose(dyn.inv_freq(16), build_scheme({"name": "rope"}, DIMS).inv_freq(16))
+    assert dyn.context_len(torch.arange(40, 64)) == 64  # the largest position + 1, as HF
+
+
+def test_yarn_ramp_by_hand():
+    # h_d = 32, L_train = 64 (the quick suite): dim(r) = 32 ln(64 / (2 pi r)) / (2 ln 10000);
+    # dim(32) = -1.99 -> low = 0, dim(1) = 4.03 -> high = 5: ramp k/5 for pairs 0..5, then 1.
+    dims = ModelDims(d_model=128, num_heads=4, head_dim=32, num_layers=1, train_len=64)
+    yarn = build_scheme({"name": "yarn"}, dims)
+    assert yarn.ramp[:7].tolist() == pytest.approx([0, 0.2, 0.4, 0.6, 0.8, 1, 1])
+    theta = build_scheme({"name": "rope"}, dims).inv_freq(64)
+    got = yarn.inv_freq(256)  # s = 256 / 64 = 4
+    assert got[0].item() == theta[0].item()  # fastest pair unchanged
+    assert got[2].item() == pytest.approx(0.6 * theta[2].item() + 0.4 * theta[2].item() / 4)
+    assert torch.allclose(got[5:], theta[5:] / 4)  # slow pairs interpolated by s
+
+
+def test_yarn_attention_factor_matches_scaling_cos_and_sin():
+    # HF multiplies cos and sin by a = 0.1 ln s + 1; at s = 4, a = 1.1386 and logits scale a^2
+    yarn = build_scheme({"name": "yarn"}, DIMS)
+    assert yarn.attention_factor(64) == pytest.approx(0.1 * math.log(4) + 1)
+    assert yarn.attention_factor(16) == 1.0
+    q, k, pos = torch.randn(1, 4, 64, 8), torch.randn(1, 4, 64, 8), torch.arange(64)
+    a = yarn.attention_factor(64)
+    angles = pos.float().unsqueeze(-1) * yarn.inv_freq(64).float()
+    hf_q, hf_k = (apply_rotary(x, angles) * a for x in (q, k))  # cos * a, sin * a
+    expected = hf_q @ hf_k.transpose(-2, -1) / math.sqrt(8)
+    assert torch.allclose(attention_logits(yarn, q, k, pos, pos), expected, atol=1e-4)
+
+
+def test_logn_scale_by_hand():
+    # max(1, ln p / ln 16) for 1-based p = 4, 16, 64, 256 -> 1, 1, 1.5, 2
+    logn = build_scheme({"name": "logn"}, DIMS)
+    scale = logn.logit_scale(torch.tensor([3, 15, 63, 255]), torch.arange(256))
+    assert scale.tolist() == pytest.approx([1.0, 1.0, 1.5, 2.0])
+    q, k, pos = torch.randn(1, 4, 64, 8), torch.randn(1, 4, 64, 8), torch.arange(64)
+    rope = build_scheme({"name": "rope"}, DIMS)
+    ratio = attention_logits(logn, q, k, pos, pos) / attention_logits(rope, q, k, pos, pos)
+    assert ratio[0, 1, 63, 10].item() == pytest.approx(1.5, rel=1e-4)  # p = 64
+    assert ratio[0, 1, 15, 10].item() == pytest.approx(1.0, rel=1e-5)  # p = 16
+
+
+@pytest.mark.parametrize("name", ["dynamic_ntk", "yarn", "logn"])
+def test_new_variants_equal_rope_at_training_length(name):
+    rope = build_scheme({"name": "rope"}, DIMS)
+    variant = build_scheme({"name": name}, DIMS)
+    q, k, pos = torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8), torch.arange(16)
+    assert torch.allclose(
+        attention_logits(rope, q, k, pos, pos), attention_logits(variant, q, k, pos, pos)
+    )

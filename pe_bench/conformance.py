@@ -1,0 +1,604 @@
+"""Conformance kit: does a position scheme keep the contract the benchmark relies on?
+
+From a shell (PASS/FAIL per check with a one-line reason; exit status 1 on any failure)::
+
+    pe-bench-check my_pe --plugin my_pkg.my_pe --option max_len=512
+
+From a user's tests::
+
+    from pe_bench.conformance import assert_conforms
+
+    def test_my_pe_conforms():
+        assert_conforms("my_pe", plugin="my_pkg.my_pe")
+
+The checks build a tiny model around the scheme (its parameters perturbed where a check needs
+every term to count, e.g. zero-initialised tables) and verify:
+
+- ``build``: the scheme builds from its config;
+- ``causality``: changing a token never changes an earlier output, through the real model, in
+  train and eval mode, at 3x the training length;
+- ``devices_dtypes``: every hook keeps shapes, dtype and device (cpu, cuda when present;
+  float32 and bfloat16), and a bfloat16 model agrees with the float32 one;
+- ``query_chunks``: queries passed alone (s_q < s_k) get the same logits as the last s_q rows
+  of the full matrix (they are the *last* s_q keys);
+- ``lengths``: lengths up to 4x training (or ``max_positions``) give finite outputs, lengths
+  past ``max_positions`` raise a clear ``UserError``;
+- ``determinism``: the same seed builds the same parameters; repeated passes are identical;
+- ``gradients``: every trainable parameter of the scheme gets a finite, non-zero gradient;
+- ``relative``: when the scheme declares ``relative = True``, the logits do not change when
+  every position shifts by a constant;
+- ``content_bias``: a bias declared content-free does not change with q and k (a fast path may
+  cache it), and has no batch dimension;
+- ``shared_bias``: a bias declared shared (``shared_bias = True``) is the same in every layer,
+  since the model builds it once per forward pass;
+- ``reference``: when the scheme has ``score_bias_reference``, it equals ``score_bias``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import yaml
+from torch import Tensor
+
+from pe_bench.attention import attention_logits, causal_allowed
+from pe_bench.errors import UserError
+from pe_bench.model import GPT, ModelConfig
+from pe_bench.positions import ModelDims, PositionScheme, build_scheme, load_plugin, scheme_class
+
+PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+SHIFTS = (1, 37, 1000)  # position shifts of the relative check
+
+
+class Failed(Exception):
+    """A check found a broken contract; the message says what is wrong."""
+
+
+class Skipped(Exception):
+    """A check does not apply to this scheme; the message says why."""
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # PASS, FAIL or SKIP
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.name}: {self.reason}"
+
+
+@dataclass
+class Report:
+    """The outcome of every check on one scheme."""
+
+    scheme: str
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.status != FAIL for c in self.checks)
+
+    @property
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if c.status == FAIL]
+
+    def __getitem__(self, name: str) -> Check:
+        return next(c for c in self.checks if c.name == name)
+
+    def __str__(self) -> str:
+        failed = len(self.failures)
+        verdict = f"{failed} of {len(self.checks)} checks failed" if failed else "conforms"
+        return "\n".join([*map(str, self.checks), f"{self.scheme}: {verdict}"])
+
+
+@dataclass
+class Setup:
+    """How to build the scheme under test, and the tiny model it is checked in."""
+
+    label: str
+    make: Callable[[ModelDims], PositionScheme]
+    model_cfg: ModelConfig
+    train_len: int
+
+    @property
+    def dims(self) -> ModelDims:
+        return self.model_cfg.dims(self.train_len)
+
+    def scheme(self, seed: int = 0) -> PositionScheme:
+        """The scheme as the model builds it: under its own seed (``build_model``)."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed + 1)
+            return self.make(self.dims)
+
+    def model(self, seed: int = 0) -> GPT:
+        scheme = self.scheme(seed)
+        torch.manual_seed(seed)
+        return GPT(self.model_cfg, scheme)
+
+    @property
+    def long(self) -> int:
+        """3x the training length (eval-time variants are active), within max_positions."""
+        limit = self.scheme().max_positions
+        return 3 * self.train_len if limit is None else min(3 * self.train_len, limit)
+
+
+def perturbed(scheme: PositionScheme, seed: int = 0) -> PositionScheme:
+    """A copy with N(0, 0.5) noise on every parameter, so zero-initialised terms count."""
+    scheme = copy.deepcopy(scheme)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in scheme.parameters():
+            noise = torch.randn(p.shape, generator=generator, dtype=torch.float32)
+            p.add_(0.5 * noise.to(p.device, p.dtype))
+    return scheme
+
+
+def with_perturbed_scheme(model: GPT) -> GPT:
+    model.pe = perturbed(model.pe)
+    return model
+
+
+def forward(model: GPT, idx: Tensor, seed: int = 0) -> Tensor:
+    """Logits, with torch's generator reset first (randomized schemes sample positions)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        return model(idx)
+
+
+def allowed_entries(x: Tensor, s_q: int, s_k: int) -> Tensor:
+    """The entries of ``[..., s_q, s_k]`` the causal mask keeps (queries are the last keys)."""
+    return x[..., causal_allowed(s_q, s_k, x.device)]
+
+
+def max_diff(a: Tensor, b: Tensor) -> float:
+    return (a.float() - b.float()).abs().max().item()
+
+
+def tolerance(reference: Tensor, rel: float) -> float:
+    return rel * max(1.0, reference.abs().max().item())
+
+
+def qk(setup: Setup, s_q: int, s_k: int, seed: int = 0, **kw: Any) -> tuple[Tensor, Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    d = setup.dims
+    q = torch.randn(2, d.num_heads, s_q, d.head_dim, generator=generator)
+    k = torch.randn(2, d.num_heads, s_k, d.head_dim, generator=generator)
+    return q.to(**kw), k.to(**kw)
+
+
+# ---- the checks ----------------------------------------------------------------------------
+
+
+def check_build(setup: Setup) -> str:
+    scheme = setup.scheme()
+    n = sum(p.numel() for p in scheme.parameters())
+    return f"{type(scheme).__module__}.{type(scheme).__qualname__}, {n:,} parameters"
+
+
+def check_causality(setup: Setup) -> str:
+    model = with_perturbed_scheme(setup.model())
+    s = setup.long
+    x = torch.randint(0, setup.model_cfg.vocab_size, (2, s), generator=torch.Generator())
+    for mode in ("train", "eval"):
+        model.train(mode == "train")
+        for t in sorted({s // 3, s - 1}):
+            changed = x.clone()
+            changed[:, t] = (changed[:, t] + 1) % setup.model_cfg.vocab_size
+            before, after = forward(model, x), forward(model, changed)
+            if t and max_diff(before[:, :t], after[:, :t]) > tolerance(before, 1e-5):
+                diff = (before[:, :t] - after[:, :t]).abs().amax(dim=(0, 2))
+                raise Failed(
+                    f"changing token {t} of {s} changed the output at earlier position "
+                    f"{int(diff.argmax())} by {diff.max().item():.3g} ({mode} mode): the scheme "
+                    "leaks future tokens (look for sums, means or flips over the sequence in "
+                    "embed, transform_qk or score_bias)"
+                )
+            if max_diff(before[:, t], after[:, t]) == 0:
+                raise Failed(f"changing token {t} did not change its own output ({mode} mode)")
+    return f"no token changes an earlier output (length {s}, train and eval mode)"
+
+
+def devices() -> list[torch.device]:
+    found = [torch.device("cpu")]
+    if torch.cuda.is_available():
+        found.append(torch.device("cuda"))
+    return found
+
+
+def check_hook_outputs(setup: Setup, device: torch.device, dtype: torch.dtype) -> None:
+    """Every hook returns what the model expects, on ``device`` in ``dtype``; the logits from
+    ``dtype`` inputs agree with float32 ones at positions past 1000 (where bfloat16 cannot
+    even represent every integer position)."""
+    scheme = perturbed(setup.scheme()).to(device).eval()
+    d, s = setup.dims, setup.long
+    where = f"{device.type}/{str(dtype).removeprefix('torch.')}"
+    pos = scheme.positions(s, device)
+    if pos.shape != (s,) or pos.dtype.is_floating_point or pos.device.type != device.type:
+        raise Failed(
+            f"positions({s}) gave {pos.dtype} {tuple(pos.shape)} on {pos.device}, "
+            f"expected integers ({s},) on {device.type}"
+        )
+    x = torch.randn(2, s, d.d_model, device=device, dtype=dtype)
+    q, k = qk(setup, s, s, device=device, dtype=dtype)
+    tq, tk = scheme.transform_qk(q, k, pos, pos, 0)
+    for hook, out, expected in (("embed", scheme.embed(x, pos), x), ("transform_qk", tq, q)):
+        if out.shape != expected.shape or out.dtype != dtype or out.device.type != device.type:
+            raise Failed(
+                f"{where}: {hook} gave {out.dtype} {tuple(out.shape)} on {out.device}, "
+                f"expected {dtype} {tuple(expected.shape)} on {device.type}"
+            )
+    bias = scheme.score_bias(tq, tk, pos, pos, 0)
+    if bias is not None:
+        try:
+            torch.broadcast_shapes(bias.shape, (2, d.num_heads, s, s))
+        except RuntimeError:
+            raise Failed(
+                f"{where}: score_bias gave shape {tuple(bias.shape)}, not broadcastable to "
+                f"[b, n_h, s_q, s_k] = {(2, d.num_heads, s, s)}"
+            ) from None
+        if not bias.dtype.is_floating_point or bias.device.type != device.type:
+            raise Failed(f"{where}: score_bias gave {bias.dtype} on {bias.device}")
+        if not torch.isfinite(allowed_entries(bias.expand(2, d.num_heads, s, s), s, s)).all():
+            raise Failed(f"{where}: score_bias is not finite on unmasked entries")
+    limit = scheme.max_positions
+    far = pos + (1000 if limit is None or s + 1000 <= limit else 0)
+    got = allowed_entries(attention_logits(scheme, q, k, far, far), s, s)
+    expected = allowed_entries(attention_logits(scheme, q.float(), k.float(), far, far), s, s)
+    if max_diff(got, expected) > tolerance(expected, 0.03):
+        raise Failed(
+            f"{where}: logits at positions {int(far[0])}..{int(far[-1])} differ from float32 "
+            f"ones by {max_diff(got, expected):.3g}: compute positions and angles in float32 "
+            "whatever the input dtype"
+        )
+
+
+def check_devices_dtypes(setup: Setup) -> str:
+    s = setup.long
+    x = torch.randint(0, setup.model_cfg.vocab_size, (2, s), generator=torch.Generator())
+    reference = with_perturbed_scheme(setup.model()).eval()
+    expected = forward(reference, x).float().log_softmax(-1)
+    seen = []
+    for device in devices():
+        for dtype in (torch.float32, torch.bfloat16):
+            check_hook_outputs(setup, device, dtype)
+            model = copy.deepcopy(reference).to(device, dtype)
+            logits = forward(model, x.to(device))
+            gap = max_diff(logits.float().log_softmax(-1).cpu(), expected)
+            where = f"{device.type}/{str(dtype).removeprefix('torch.')}"
+            if logits.dtype != dtype or not torch.isfinite(logits).all() or gap > 0.1:
+                raise Failed(
+                    f"{where}: the model cast to {dtype} gives {logits.dtype} logits whose "
+                    f"log-probabilities differ from float32 ones by {gap:.3g}"
+                )
+            seen.append(where)
+    cuda = "" if torch.cuda.is_available() else " (no cuda device here)"
+    return f"hooks keep shape, dtype and device, and agree with float32: {', '.join(seen)}{cuda}"
+
+
+def check_query_chunks(setup: Setup) -> str:
+    scheme = perturbed(setup.scheme()).eval()
+    s = setup.long
+    s_q = max(1, s // 3)
+    q, k = qk(setup, s, s)
+    pos = scheme.positions(s, q.device)
+    for layer in range(setup.dims.num_layers):
+        full = attention_logits(scheme, q, k, pos, pos, layer)[..., -s_q:, :]
+        chunk = attention_logits(scheme, q[..., -s_q:, :], k, pos[-s_q:], pos, layer)
+        full, chunk = allowed_entries(full, s_q, s), allowed_entries(chunk, s_q, s)
+        if max_diff(full, chunk) > tolerance(full, 1e-5):
+            raise Failed(
+                f"the last {s_q} of {s} queries passed alone get logits that differ from the "
+                f"same rows of the full matrix by {max_diff(full, chunk):.3g} (layer {layer}): "
+                "with s_q < s_k the queries are the last s_q keys"
+            )
+    return f"the last {s_q} of {s} queries alone get the same logits as in the full matrix"
+
+
+def check_lengths(setup: Setup) -> str:
+    model = setup.model().eval()
+    limit = model.pe.max_positions
+    longest = 4 * setup.train_len if limit is None else min(4 * setup.train_len, limit)
+    for s in sorted({1, longest}):
+        try:
+            model.pe.check_length(s)
+            logits = forward(model, torch.zeros(1, s, dtype=torch.long))
+        except Exception as err:
+            raise Failed(
+                f"length {s} (max_positions={limit}) raised {type(err).__name__}: {err}; declare "
+                "max_positions to refuse longer sequences with a clear error"
+            ) from None
+        if not torch.isfinite(logits).all():
+            raise Failed(f"length {s} gives non-finite outputs")
+    if limit is None:
+        return f"lengths 1 and {longest} (4 x L_train) give finite outputs; no declared limit"
+    try:
+        model.pe.check_length(limit + 1)
+    except UserError:
+        pass
+    else:
+        raise Failed(f"max_positions={limit} but check_length({limit + 1}) does not raise")
+    try:
+        forward(model, torch.zeros(1, limit + 1, dtype=torch.long))
+    except UserError as err:
+        message = str(err)
+    except Exception as err:
+        raise Failed(
+            f"length {limit + 1} (past max_positions={limit}) raised {type(err).__name__}, "
+            f"not a UserError: {err}"
+        ) from None
+    else:
+        raise Failed(f"length {limit + 1} ran although max_positions={limit}")
+    return f"lengths 1 and {longest} give finite outputs; length {limit + 1}: UserError {message!r}"
+
+
+def check_determinism(setup: Setup) -> str:
+    a, b = setup.scheme().state_dict(), setup.scheme().state_dict()
+    for key in a:
+        if not torch.equal(a[key], b[key]):
+            raise Failed(
+                f"two builds under the same seed differ in {key!r}: initialise parameters in "
+                "__init__ from torch's generator"
+            )
+    model = with_perturbed_scheme(setup.model())
+    x = torch.randint(0, setup.model_cfg.vocab_size, (2, setup.long), generator=torch.Generator())
+    for mode in ("eval", "train"):
+        model.train(mode == "train")
+        first, second = forward(model, x), forward(model, x)
+        if not torch.equal(first, second):
+            raise Failed(
+                f"two forward passes on the same input differ by {max_diff(first, second):.3g} "
+                f"({mode} mode, same seed)"
+            )
+    return "the same seed builds the same parameters; repeated passes are identical"
+
+
+def check_gradients(setup: Setup) -> str:
+    model = setup.model().train()
+    params = {n: p for n, p in model.pe.named_parameters() if p.requires_grad}
+    if not params:
+        raise Skipped("no trainable parameters")
+    x = torch.randint(0, setup.model_cfg.vocab_size, (4, setup.train_len + 1))
+    torch.manual_seed(0)
+    model(x[:, :-1], x[:, 1:]).backward()
+    for name, p in params.items():
+        if p.grad is None:
+            raise Failed(f"parameter {name!r} gets no gradient: no hook uses it")
+        if not torch.isfinite(p.grad).all():
+            raise Failed(f"parameter {name!r} gets a non-finite gradient")
+        if not p.grad.any():
+            raise Failed(f"parameter {name!r} gets an all-zero gradient")
+    n = sum(p.numel() for p in params.values())
+    return f"all {len(params)} parameter tensors ({n:,} values) get finite, non-zero gradients"
+
+
+def check_relative(setup: Setup) -> str:
+    scheme = perturbed(setup.scheme()).eval()
+    if not scheme.relative:
+        raise Skipped("not declared relative")
+    s = setup.long
+    q, k = qk(setup, s, s)
+    pos = scheme.positions(s, q.device)
+    limit = scheme.max_positions
+    shifts = [n for n in SHIFTS if limit is None or s + n <= limit]
+    for layer in range(setup.dims.num_layers):
+        base = allowed_entries(attention_logits(scheme, q, k, pos, pos, layer), s, s)
+        for shift in shifts:
+            moved = attention_logits(scheme, q, k, pos + shift, pos + shift, layer)
+            moved = allowed_entries(moved, s, s)
+            if max_diff(base, moved) > tolerance(base, 2e-4):
+                raise Failed(
+                    f"declares relative = True, but its logits change by "
+                    f"{max_diff(base, moved):.3g} when every position shifts by {shift} (layer "
+                    f"{layer}): they depend on absolute positions; set relative = False"
+                )
+    return f"logits unchanged when every position shifts by {', '.join(map(str, shifts))}"
+
+
+def check_content_bias(setup: Setup) -> str:
+    scheme = perturbed(setup.scheme()).eval()
+    if not scheme.has_score_bias:
+        raise Skipped("no score_bias")
+    s = setup.long
+    pos = scheme.positions(s, torch.device("cpu"))
+    if scheme.content_bias:
+        return "declared content-dependent (content_bias = True): never cached"
+    biases = []
+    for seed in (0, 1):
+        q, k = scheme.transform_qk(*qk(setup, s, s, seed=seed), pos, pos, 0)
+        biases.append(scheme.score_bias(q, k, pos, pos, 0))
+    a, b = (allowed_entries(x, s, s) for x in biases)
+    if max_diff(a, b) > 0:
+        raise Failed(
+            f"declares content_bias = False but score_bias changes by {max_diff(a, b):.3g} with "
+            "the contents of q and k: set content_bias = True"
+        )
+    if biases[0].dim() == 4 and biases[0].shape[0] != 1:
+        raise Failed(
+            f"declares content_bias = False but score_bias has a batch dimension "
+            f"{tuple(biases[0].shape)}: return [n_h, s_q, s_k], or set content_bias = True"
+        )
+    return "content-free bias (the same for any q and k): a fast path may cache it"
+
+
+def check_shared_bias(setup: Setup) -> str:
+    scheme = perturbed(setup.scheme()).eval()
+    if not scheme.shared_bias:
+        raise Skipped("shared_bias = False: a bias per layer")
+    if scheme.content_bias or not scheme.has_score_bias:
+        raise Failed("declares shared_bias = True, which needs a content-free score_bias")
+    s = setup.long
+    pos = scheme.positions(s, torch.device("cpu"))
+    q, k = scheme.transform_qk(*qk(setup, s, s), pos, pos, 0)
+    first = allowed_entries(scheme.score_bias(q, k, pos, pos, 0), s, s)
+    for layer in range(1, setup.dims.num_layers):
+        other = allowed_entries(scheme.score_bias(q, k, pos, pos, layer), s, s)
+        if max_diff(first, other) > 0:
+            raise Failed(
+                f"declares shared_bias = True but score_bias differs by "
+                f"{max_diff(first, other):.3g} between layers 0 and {layer}: the model would "
+                "reuse layer 0's bias in every layer; set shared_bias = False"
+            )
+    return "the same score_bias in every layer: the model builds it once per forward pass"
+
+
+def check_reference(setup: Setup) -> str:
+    scheme = perturbed(setup.scheme()).eval()
+    if getattr(scheme, "score_bias_reference", None) is None:
+        raise Skipped("no score_bias_reference")
+    s = setup.long
+    for s_q, offset in ((s, 0), (s, 37), (max(1, s // 3), 0)):
+        q, k = qk(setup, s_q, s)
+        k_pos = scheme.positions(s, q.device) + offset
+        q_pos = k_pos[-s_q:]
+        q, k = scheme.transform_qk(q, k, q_pos, k_pos, 0)
+        for layer in range(setup.dims.num_layers):
+            fast = scheme.score_bias(q, k, q_pos, k_pos, layer)
+            reference = scheme.score_bias_reference(q, k, q_pos, k_pos, layer)
+            fast, reference = (allowed_entries(x, s_q, s) for x in (fast, reference))
+            if max_diff(fast, reference) > tolerance(reference, 1e-4):
+                raise Failed(
+                    f"score_bias and score_bias_reference differ by "
+                    f"{max_diff(fast, reference):.3g} (layer {layer}, s_q={s_q}, s_k={s}, "
+                    f"positions from {offset})"
+                )
+    return "score_bias equals score_bias_reference (s_q = s_k, s_q < s_k, shifted positions)"
+
+
+CHECKS: dict[str, Callable[[Setup], str]] = {
+    "build": check_build,
+    "causality": check_causality,
+    "devices_dtypes": check_devices_dtypes,
+    "query_chunks": check_query_chunks,
+    "lengths": check_lengths,
+    "determinism": check_determinism,
+    "gradients": check_gradients,
+    "relative": check_relative,
+    "content_bias": check_content_bias,
+    "shared_bias": check_shared_bias,
+    "reference": check_reference,
+}
+
+
+def _run(name: str, check: Callable[[Setup], str], setup: Setup) -> Check:
+    try:
+        return Check(name, PASS, check(setup))
+    except Skipped as skip:
+        return Check(name, SKIP, str(skip))
+    except Failed as failure:
+        return Check(name, FAIL, str(failure))
+    except UserError as err:
+        if name == "build":
+            raise  # a bad config (unknown option, bad value) is the caller's error
+        return Check(name, FAIL, f"raised UserError: {err}")
+    except Exception as err:  # a crash inside a hook is a failure of the scheme, reported
+        return Check(name, FAIL, f"raised {type(err).__name__}: {err}")
+
+
+def _setup(
+    scheme: str | type[PositionScheme],
+    options: Mapping[str, Any],
+    plugin: str | None,
+    model: ModelConfig | None,
+    train_len: int,
+) -> Setup:
+    if plugin:
+        load_plugin(plugin)
+    if isinstance(scheme, str):
+        cfg = {"name": scheme, **options}
+        scheme_class(scheme)  # an unknown name is a UserError, not a failed check
+
+        def make(dims: ModelDims) -> PositionScheme:
+            return build_scheme(cfg, dims)
+
+        label = scheme
+    else:
+        cls = scheme
+
+        def make(dims: ModelDims) -> PositionScheme:
+            return cls(dims, **options)
+
+        label = cls.name or cls.__qualname__
+    model_cfg = model or ModelConfig(d_model=32, num_layers=2, num_heads=4, mlp_ratio=2)
+    return Setup(label, make, model_cfg, train_len)
+
+
+def check_scheme(
+    scheme: str | type[PositionScheme],
+    *,
+    options: Mapping[str, Any] | None = None,
+    plugin: str | None = None,
+    model: ModelConfig | None = None,
+    train_len: int = 16,
+) -> Report:
+    """Run every check on a scheme (a registered name or a class) and report each outcome.
+
+    Args:
+        scheme (str | type[PositionScheme]): the registered name, or the class itself.
+        options (Mapping[str, Any] | None): the scheme's config options. Default: None.
+        plugin (str | None): a module to import first (``pe.plugin``). Default: None.
+        model (ModelConfig | None): the model to check in. Default: None, meaning d_model 32,
+            2 layers, 4 heads.
+        train_len (int): the training length the scheme is built for. Default: 16.
+    """
+    setup = _setup(scheme, options or {}, plugin, model, train_len)
+    report = Report(setup.label)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the models are tiny: one thread is fastest, even on a busy CPU
+    try:
+        for name, check in CHECKS.items():
+            report.checks.append(_run(name, check, setup))
+            if name == "build" and report.checks[-1].status == FAIL:
+                break
+    finally:
+        torch.set_num_threads(threads)
+    return report
+
+
+def assert_conforms(scheme: str | type[PositionScheme], **kwargs: Any) -> Report:
+    """``check_scheme``, raising an ``AssertionError`` with the report if any check fails."""
+    report = check_scheme(scheme, **kwargs)
+    if not report.passed:
+        raise AssertionError(f"{report.scheme} does not conform:\n{report}")
+    return report
+
+
+def _option(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--option {text!r} is not key=value")
+    return key, yaml.safe_load(value)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="pe-bench-check",
+        description="Check that a position scheme keeps the contract of pe-bench's model.",
+    )
+    parser.add_argument("scheme", help="registered scheme name (e.g. rope, or your plugin's)")
+    parser.add_argument("--plugin", help="module to import first, e.g. my_pkg.my_pe")
+    parser.add_argument(
+        "--option",
+        type=_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a scheme option, as in the pe config (repeatable; values parsed as YAML)",
+    )
+    parser.add_argument("--train-len", type=int, default=16, help="training length (default 16)")
+    args = parser.parse_args(argv)
+    try:
+        report = check_scheme(
+            args.scheme, options=dict(args.option), plugin=args.plugin, train_len=args.train_len
+        )
+    except UserError as err:
+        print(f"pe-bench-check: error: {err}", file=sys.stderr)
+        sys.exit(2)
+    print(report)
+    sys.exit(0 if report.passed else 1)

@@ -1,0 +1,121 @@
+"""Deliberately broken schemes, one per contract, that the conformance kit must fail.
+
+Registered under ``broken_*`` names so that ``pe-bench-check broken_leaky --plugin
+tests.plugins.broken_pe`` finds them too.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from pe_bench.positions import PositionScheme, register
+from pe_bench.positions.rotary import RoPE, apply_rotary
+
+
+@register("broken_leaky")
+class LeaksFuture(PositionScheme):
+    """Adds the mean of the whole sequence to every token: token t sees the tokens after it."""
+
+    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+        return x + x.mean(dim=1, keepdim=True)
+
+
+@register("broken_fake_relative")
+class FakeRelative(PositionScheme):
+    """Claims ``relative = True`` but divides the distance by the absolute query position."""
+
+    relative = True
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        n = (q_pos.unsqueeze(-1) - k_pos).float()
+        return -n / (1 + q_pos.float().unsqueeze(-1))
+
+
+@register("broken_content")
+class UndeclaredContent(PositionScheme):
+    """Reads q in its bias but declares ``content_bias = False`` (a cache would be stale)."""
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        n = (q_pos.unsqueeze(-1) - k_pos).float()
+        return -n * q.mean(-1, keepdim=True).sigmoid()  # [b, n_h, s_q, s_k]
+
+
+@register("broken_shared")
+class LayerBiasShared(PositionScheme):
+    """A slope per layer, but declares ``shared_bias = True`` (layers would reuse layer 0's)."""
+
+    shared_bias = True
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        return -(q_pos.unsqueeze(-1) - k_pos).float() / (layer + 1)
+
+
+@register("broken_reference")
+class WrongReference(PositionScheme):
+    """A fast path (slope 1/8) that disagrees with its reference (slope 1/16)."""
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        return -(q_pos.unsqueeze(-1) - k_pos).float() / 8
+
+    def score_bias_reference(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
+    ) -> Tensor:
+        return -(q_pos.unsqueeze(-1) - k_pos).float() / 16
+
+
+@register("broken_chunks")
+class FirstQueries(PositionScheme):
+    """Builds its bias from indices as if the queries were the *first* s_q keys."""
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        i = torch.arange(q.shape[-2]).unsqueeze(-1)
+        return -(i - torch.arange(k.shape[-2])).float() / 8
+
+
+@register("broken_table")
+class UnguardedTable(PositionScheme):
+    """A 20-row table that declares no limit: longer sequences crash with an IndexError."""
+
+    def __init__(self, dims) -> None:
+        super().__init__(dims)
+        self.table = nn.Embedding(20, dims.d_model)
+
+    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+        return x + self.table(pos).to(x.dtype)
+
+
+@register("broken_bf16")
+class LowPrecisionAngles(RoPE):
+    """RoPE with its angles computed in the input dtype: bfloat16 rounds position 1047 to 1048."""
+
+    def rotate(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
+    ) -> tuple[Tensor, Tensor]:
+        inv_freq = self.inv_freq(k_pos.shape[-1]).to(q.dtype)
+        q_angles = q_pos.to(q.dtype).unsqueeze(-1) * inv_freq
+        k_angles = k_pos.to(q.dtype).unsqueeze(-1) * inv_freq
+        return apply_rotary(q, q_angles), apply_rotary(k, k_angles)
+
+
+@register("broken_unused")
+class UnusedParameter(PositionScheme):
+    """A learned slope no hook ever uses."""
+
+    def __init__(self, dims) -> None:
+        super().__init__(dims)
+        self.slope = nn.Parameter(torch.ones(dims.num_heads))
+
+
+@register("broken_seed")
+class UnseededInit(PositionScheme):
+    """Initialises its table from a fresh generator: two builds under one seed differ."""
+
+    def __init__(self, dims) -> None:
+        super().__init__(dims)
+        generator = torch.Generator()
+        generator.seed()  # a non-deterministic seed, not torch's global generator
+        self.table = nn.Parameter(torch.randn(4096, dims.d_model, generator=generator))
+
+    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+        return x + self.table[pos].to(x.dtype)

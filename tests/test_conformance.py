@@ -1,0 +1,96 @@
+"""The conformance kit: every built-in scheme passes it, and it fails deliberately broken
+plugins (tests/plugins/broken_pe.py) with a message that says what is wrong."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pe_bench.conformance import FAIL, PASS, SKIP, assert_conforms, check_scheme, main
+from pe_bench.errors import UserError
+from pe_bench.positions import registered
+
+from .conftest import TRAINABLE, VARIANTS
+from .plugins import broken_pe
+
+ROOT = Path(__file__).parents[1]
+
+
+@pytest.mark.parametrize("name", TRAINABLE + VARIANTS)
+def test_every_built_in_scheme_conforms(name):
+    report = assert_conforms(name)
+    cls = registered()[name]
+    assert report["causality"].status == PASS
+    assert report["relative"].status == (PASS if cls.relative else SKIP)
+    has_reference = hasattr(cls, "score_bias_reference")
+    assert report["reference"].status == (PASS if has_reference else SKIP)
+    assert report["shared_bias"].status == (PASS if cls.shared_bias else SKIP)
+
+
+@pytest.mark.parametrize(
+    ("scheme", "check", "message"),
+    [
+        (broken_pe.LeaksFuture, "causality", "changed the output at earlier position"),
+        (broken_pe.FakeRelative, "relative", "declares relative = True, but its logits change"),
+        (broken_pe.UndeclaredContent, "content_bias", "changes by .* with the contents of q"),
+        (broken_pe.LayerBiasShared, "shared_bias", "differs by .* between layers 0 and 1"),
+        (broken_pe.WrongReference, "reference", "score_bias and score_bias_reference differ"),
+        (broken_pe.FirstQueries, "query_chunks", "the queries are the last s_q keys"),
+        (broken_pe.UnguardedTable, "lengths", "length 64 .* raised IndexError"),
+        (broken_pe.LowPrecisionAngles, "devices_dtypes", "bfloat16: logits at positions 1000"),
+        (broken_pe.UnusedParameter, "gradients", "parameter 'slope' gets no gradient"),
+        (broken_pe.UnseededInit, "determinism", "two builds under the same seed differ"),
+    ],
+    ids=lambda x: x.__name__ if isinstance(x, type) else None,
+)
+def test_kit_fails_a_broken_plugin_saying_what_is_wrong(scheme, check, message):
+    report = check_scheme(scheme)
+    assert report[check].status == FAIL
+    assert re.search(message, report[check].reason), report[check].reason
+
+
+def test_leaky_plugin_fails_only_causality():
+    """The leak is the one thing wrong with it: every other check passes or does not apply."""
+    with pytest.raises(AssertionError, match="FAIL causality: .* leaks future tokens") as err:
+        assert_conforms(broken_pe.LeaksFuture)
+    assert str(err.value).count("FAIL") == 1
+
+
+def test_options_and_limits_are_checked():
+    report = check_scheme("learned", options={"max_positions": 40})
+    assert report.passed
+    assert "length 41: UserError" in report["lengths"].reason
+    with pytest.raises(UserError, match="unknown scheme 'ropee'"):
+        check_scheme("ropee")
+
+
+def pe_bench_check(*args: str) -> subprocess.CompletedProcess:
+    script = Path(sys.executable).with_name("pe-bench-check")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(
+        [str(script), *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300
+    )
+
+
+def test_console_script_fails_a_broken_plugin():
+    proc = pe_bench_check("broken_fake_relative", "--plugin", "tests.plugins.broken_pe")
+    assert proc.returncode == 1, proc.stderr
+    assert "FAIL relative: declares relative = True" in proc.stdout
+    assert "PASS causality" in proc.stdout
+    assert "broken_fake_relative: 1 of 11 checks failed" in proc.stdout
+
+
+def test_main_parses_options_and_exits_by_outcome(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["t5", "--option", "num_buckets=8", "--option", "max_distance=20"])
+    assert exit_.value.code == 0
+    assert "t5: conforms" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main(["t5", "--option", "num_bukets=8"])
+    assert exit_.value.code == 2
+    assert "scheme 't5' has no option num_bukets" in capsys.readouterr().err

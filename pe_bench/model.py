@@ -20,9 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pe_bench.attention import biased_attention, causal_attention
+from pe_bench.attention import biased_attention, causal_attention, flex_attention
 from pe_bench.errors import UserError
 from pe_bench.positions import ModelDims, PositionScheme, build_scheme
+
+ATTENTION = ("sdpa", "flex")
 
 
 @dataclass
@@ -33,8 +35,15 @@ class ModelConfig:
     num_heads: int = 4
     mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * d_model
     tie_embeddings: bool = False  # share the input embedding with the output head
+    # How schemes with a logit term attend: "sdpa" (float masks, by query chunks) or "flex"
+    # (FlexAttention score_mod, no mask; no backward on CPU). Not part of the run's identity.
+    attention: str = "sdpa"
 
     def __post_init__(self) -> None:
+        if self.attention not in ATTENTION:
+            raise UserError(
+                f"model.attention={self.attention!r} is not one of {', '.join(ATTENTION)}"
+            )
         for field in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_ratio"):
             if getattr(self, field) < 1:
                 raise UserError(f"model.{field} must be >= 1, got {getattr(self, field)}")
@@ -62,14 +71,17 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
     def forward(
-        self, x: Tensor, pe: PositionScheme, pos: Tensor, bias_cache: dict | None
+        self, x: Tensor, pe: PositionScheme, pos: Tensor, bias_cache: dict | None, flex: bool
     ) -> Tensor:
         b, s, d = x.shape
         q, k, v = self.qkv(x).split(d, dim=2)
         # [b, s, d] -> [b, n_h, s, h_d]
         q, k, v = (t.view(b, s, self.num_heads, -1).transpose(1, 2) for t in (q, k, v))
         q, k = pe.transform_qk(q, k, pos, pos, self.layer)
-        if pe.has_score_bias:  # the scheme's term, by query chunks for long windows
+        score_mod = pe.score_mod(pos, pos, self.layer) if flex else None
+        if score_mod is not None:  # the scheme's term inside FlexAttention
+            y = flex_attention(q, k, v, score_mod)
+        elif pe.has_score_bias:  # the scheme's term in float masks, by query chunks
             bias_fn = partial(pe.score_bias, layer=self.layer)
             y = biased_attention(q, k, v, pos, bias_fn, bias_cache)
         else:  # fused causal SDPA
@@ -96,9 +108,9 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(
-        self, x: Tensor, pe: PositionScheme, pos: Tensor, bias_cache: dict | None
+        self, x: Tensor, pe: PositionScheme, pos: Tensor, bias_cache: dict | None, flex: bool
     ) -> Tensor:
-        x = x + self.attn(self.ln1(x), pe, pos, bias_cache)
+        x = x + self.attn(self.ln1(x), pe, pos, bias_cache, flex)
         return x + self.mlp(self.ln2(x))
 
 
@@ -133,8 +145,15 @@ class GPT(nn.Module):
         pos = self.pe.positions(idx.shape[1], idx.device)  # [s]
         x = self.pe.embed(self.tok_emb(idx), pos)  # [b, s, d]
         bias_cache = {} if self.pe.shared_bias else None  # one mask for all layers
+        flex = self.cfg.attention == "flex"
+        if flex and idx.device.type == "cpu" and torch.is_grad_enabled():
+            raise UserError(
+                "model.attention=flex: FlexAttention has no backward on CPU; train with "
+                "model.attention=sdpa (a trained run is then evaluated with flex by rerunning "
+                "it with model.attention=flex: the checkpoint is reused)"
+            )
         for block in self.blocks:
-            x = block(x, self.pe, pos, bias_cache)
+            x = block(x, self.pe, pos, bias_cache, flex)
         logits = self.head(self.ln_f(x))  # [b, s, V]
         if targets is None:
             return logits

@@ -20,11 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pe_bench import attention
 from pe_bench.attention import biased_attention, causal_attention, flex_attention
 from pe_bench.errors import UserError
 from pe_bench.positions import ModelDims, PositionScheme, build_scheme
 
-ATTENTION = ("sdpa", "flex")
+ATTENTION = ("auto", "sdpa", "flex")
 
 
 @dataclass
@@ -35,9 +36,10 @@ class ModelConfig:
     num_heads: int = 4
     mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * d_model
     tie_embeddings: bool = False  # share the input embedding with the output head
-    # How schemes with a logit term attend: "sdpa" (float masks, by query chunks) or "flex"
-    # (FlexAttention score_mod, no mask; no backward on CPU). Not part of the run's identity.
-    attention: str = "sdpa"
+    # How schemes with a logit term attend: "sdpa" (float masks, by query chunks), "flex"
+    # (FlexAttention score_mod, no mask; no backward on CPU) or "auto" (flex where measured
+    # faster, see GPT.uses_flex). Not part of a run's identity: the numbers are the same.
+    attention: str = "auto"
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION:
@@ -145,19 +147,34 @@ class GPT(nn.Module):
         pos = self.pe.positions(idx.shape[1], idx.device)  # [s]
         x = self.pe.embed(self.tok_emb(idx), pos)  # [b, s, d]
         bias_cache = {} if self.pe.shared_bias else None  # one mask for all layers
-        flex = self.cfg.attention == "flex"
-        if flex and idx.device.type == "cpu" and torch.is_grad_enabled():
-            raise UserError(
-                "model.attention=flex: FlexAttention has no backward on CPU; train with "
-                "model.attention=sdpa (a trained run is then evaluated with flex by rerunning "
-                "it with model.attention=flex: the checkpoint is reused)"
-            )
+        flex = self.uses_flex(idx.shape[1], idx.device)
         for block in self.blocks:
             x = block(x, self.pe, pos, bias_cache, flex)
         logits = self.head(self.ln_f(x))  # [b, s, V]
         if targets is None:
             return logits
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+    def uses_flex(self, seq_len: int, device: torch.device) -> bool:
+        """Whether a forward pass over ``seq_len`` tokens attends through FlexAttention.
+
+        ``auto`` picks it for evaluation windows whose masks are too large to share across
+        layers (n_h s^2 > ``SHARED_MASK_BUDGET``: 8192 tokens at 4 heads), where it was
+        measured faster on CPU (eval tokens/s at 8192, d_model 128: ALiBi 2318 vs 1519, T5
+        2471 vs 805), and not below (at 4096: 4354 vs 7739, 3830 vs 7169).
+        """
+        mode = self.cfg.attention
+        if mode == "sdpa" or not self.pe.has_score_bias:
+            return False
+        if mode == "flex":
+            if device.type == "cpu" and torch.is_grad_enabled():
+                raise UserError(
+                    "model.attention=flex: FlexAttention has no backward on CPU; train with "
+                    "model.attention=auto or sdpa (evaluation then uses flex where it is faster)"
+                )
+            return True
+        long = self.cfg.num_heads * seq_len**2 > attention.SHARED_MASK_BUDGET
+        return long and not torch.is_grad_enabled()
 
     def num_params(self) -> dict[str, int]:
         """Parameter counts: all, and those of the position scheme (learned, T5, XL add some)."""

@@ -142,16 +142,35 @@ def test_no_score_mod_without_a_content_free_relative_bias(name):
     assert pe.score_mod(torch.arange(8), torch.arange(8), 0) is None
 
 
-def test_flex_model_evaluates_like_the_sdpa_model():
-    """The model's own flex path (compiled FlexAttention) on CPU, at an eval-only forward."""
+def test_auto_attention_evaluates_long_windows_through_flex(monkeypatch):
+    """model.attention=auto: compiled FlexAttention for evaluation windows too large to share
+    a mask (the budget lowered so that 150 tokens count as long), the same outputs as SDPA;
+    never while gradients are on."""
+    from pe_bench import attention
+    from pe_bench import model as model_module
+
     from .conftest import tiny_model
 
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape[-2])
+        return attention.flex_attention(*args, **kwargs)
+
+    monkeypatch.setattr(model_module, "flex_attention", counted)
+    monkeypatch.setattr(attention, "SHARED_MASK_BUDGET", 4 * 100**2)
     model = tiny_model("alibi")
+    assert model.cfg.attention == "auto"
     x = torch.randint(0, 256, (2, 150))
+    model(x[:, :20]).sum().backward()  # training: SDPA
+    assert calls == []
     with torch.no_grad():
-        sdpa = model(x)
-        model.cfg.attention = "flex"
+        model(x[:, :100])  # not long: SDPA
+        assert calls == []
         flex = model(x)
+        assert calls == [150, 150]  # both layers
+        model.cfg.attention = "sdpa"
+        sdpa = model(x)
     assert torch.allclose(flex, sdpa, atol=1e-4)
 
 

@@ -67,5 +67,5 @@ def test_learned_model_refuses_past_its_table():
 
 
 def test_unknown_attention_is_a_clear_error():
-    with pytest.raises(UserError, match="model.attention='fast' is not one of sdpa, flex"):
+    with pytest.raises(UserError, match="model.attention='fast' is not one of auto, sdpa, flex"):
         ModelConfig(attention="fast")

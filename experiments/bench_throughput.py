@@ -4,6 +4,8 @@ against a matmul peak measured in the same run, and x-transformers side by side.
     pip install -e ".[bench]"
     python experiments/bench_throughput.py                       # d_model 256, the MFU target
     python experiments/bench_throughput.py --d-model 128 --layers 4 --heads 4 --seq-len 64
+    python experiments/bench_throughput.py --schemes alibi,t5 --seq-len 128 --eval-factor 64 \
+        --no-x-transformers --eval-attention flex     # 8192-token evaluation through FlexAttention
 
 Prints a table and writes a CSV (``--out``). Every number is the best of ``--repeats`` timed
 windows (the fairest estimate on a shared machine); both libraries train the same shape on the
@@ -130,6 +132,8 @@ def measure(
     eval_batch = max(1, args.eval_tokens // eval_len)
     window = torch.randint(0, 256, (eval_batch, eval_len), generator=generator).to(device)
     model.eval()
+    if library == "pe-bench":
+        model.cfg.attention = args.eval_attention
     with torch.no_grad(), autocast(device):
         eval_s = timed(lambda: logits_of(window), device, args.repeats, max(1, args.steps // 4))
 
@@ -161,6 +165,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per window")
     parser.add_argument("--repeats", type=int, default=3, help="timed windows (best is kept)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--eval-attention",
+        choices=["sdpa", "flex"],
+        default="sdpa",
+        help="pe-bench's attention for evaluation (model.attention); training always uses sdpa",
+    )
     parser.add_argument("--no-x-transformers", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("bench_throughput.csv"))
     args = parser.parse_args(argv)
@@ -176,7 +186,8 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"device {device}, {torch.get_num_threads()} threads, matmul peak {peak:.1f} GFLOP/s; "
         f"d_model {args.d_model}, {args.layers} layers, {args.heads} heads, "
-        f"L {args.seq_len}, batch {args.batch}, eval L {args.seq_len * args.eval_factor}"
+        f"L {args.seq_len}, batch {args.batch}, "
+        f"eval L {args.seq_len * args.eval_factor} ({args.eval_attention})"
     )
 
     rows = []

@@ -3,7 +3,9 @@
 Fast path: ``scaled_dot_product_attention`` with ``is_causal=True`` when the scheme adds no
 logit term. Otherwise the scheme's term and the causal ``-inf`` go into one 4-D float mask
 (a 3-D mask sends CPU SDPA to its slow math path, and ``attn_mask`` with ``is_causal`` raises
-on some backends). ``reference_attention`` writes the math out; tests hold the paths equal.
+on some backends), by query chunks for long windows; or, with ``model.attention=flex``, the
+term goes into FlexAttention as a ``score_mod`` and no mask is built at all.
+``reference_attention`` writes the math out; tests hold the paths equal.
 
 Shapes: q ``[b, n_h, s_q, h_d]``, k and v ``[b, n_h, s_k, h_d]``; the queries are the last s_q
 of the s_k positions, so query i may see keys j <= s_k - s_q + i.
@@ -11,6 +13,7 @@ of the s_k positions, so query i may see keys j <= s_k - s_q + i.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -18,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pe_bench.positions.base import PositionScheme
+from pe_bench.errors import UserError
+from pe_bench.positions.base import PositionScheme, ScoreMod
 
 
 def causal_allowed(s_q: int, s_k: int, device: torch.device) -> Tensor:
@@ -91,6 +95,47 @@ def biased_attention(
                 cache[(start, end)] = mask
         outputs.append(F.scaled_dot_product_attention(q_chunk, k_prefix, v_prefix, attn_mask=mask))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+
+
+@functools.cache
+def _flex() -> tuple[Callable, Callable]:
+    """(flex_attention, create_block_mask), imported on first use (torch >= 2.5)."""
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    except ImportError as err:
+        raise UserError(
+            f"model.attention=flex needs FlexAttention (torch >= 2.5); this is torch "
+            f"{torch.__version__}: use model.attention=sdpa"
+        ) from err
+    return flex_attention, create_block_mask
+
+
+@functools.cache
+def _compiled_flex() -> Callable:
+    """FlexAttention compiled once per process (eager FlexAttention is a slow reference)."""
+    return torch.compile(_flex()[0], dynamic=False)
+
+
+@functools.lru_cache(maxsize=16)
+def causal_block_mask(s_q: int, s_k: int, device: torch.device):
+    """FlexAttention's block-sparse causal mask (queries = the last s_q keys), per shape."""
+    offset = s_k - s_q
+
+    def causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return kv_idx <= q_idx + offset
+
+    return _flex()[1](causal, None, None, s_q, s_k, device=device)
+
+
+def flex_attention(
+    q: Tensor, k: Tensor, v: Tensor, score_mod: ScoreMod, compiled: bool = True
+) -> Tensor:
+    """Causal attention with a scheme's ``score_mod`` through FlexAttention: the term is
+    computed inside the kernel, block by block, so memory stays linear in the length.
+    ``compiled=False`` runs it eagerly (slow; tests compare it on small shapes)."""
+    run = _compiled_flex() if compiled else _flex()[0]
+    mask = causal_block_mask(q.shape[-2], k.shape[-2], q.device)
+    return run(q, k, v, score_mod=score_mod, block_mask=mask)
 
 
 def reference_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:

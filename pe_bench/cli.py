@@ -216,7 +216,9 @@ def run(cfg: DictConfig, out_dir: Path) -> list[dict[str, Any]]:
         device = torch.device("cuda", world.local_rank)
         torch.cuda.set_device(device)
 
-    run_hash = config_hash({"model": cfg.model, "pe": cfg.pe, "data": cfg.data, "train": cfg.train})
+    # How attention is computed is not part of a run's identity: the same numbers either way.
+    arch = OmegaConf.masked_copy(cfg.model, [k for k in cfg.model if k != "attention"])
+    run_hash = config_hash({"model": arch, "pe": cfg.pe, "data": cfg.data, "train": cfg.train})
     run_id = f"{scheme_name}-{run_hash}"
     out_dir.mkdir(parents=True, exist_ok=True)
     # Every rank decides from the config and the files as they were at start, never from files

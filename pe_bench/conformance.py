@@ -31,6 +31,8 @@ every term to count, e.g. zero-initialised tables) and verify:
   cache it), and has no batch dimension;
 - ``shared_bias``: a bias declared shared (``shared_bias = True``) is the same in every layer,
   since the model builds it once per forward pass;
+- ``score_mod``: the FlexAttention form of the bias (``model.attention=flex``), where there is
+  one, adds the same term as ``score_bias``;
 - ``reference``: when the scheme has ``score_bias_reference``, it equals ``score_bias``.
 """
 
@@ -448,6 +450,38 @@ def check_shared_bias(setup: Setup) -> str:
     return "the same score_bias in every layer: the model builds it once per forward pass"
 
 
+def check_score_mod(setup: Setup) -> str:
+    scheme = perturbed(setup.scheme()).eval()
+    s = setup.long
+    pos = scheme.positions(s, torch.device("cpu"))
+    if scheme.score_mod(pos, pos, 0) is None:
+        raise Skipped("no score_mod (model.attention=flex uses the bias path)")
+    h = torch.arange(setup.dims.num_heads).view(-1, 1, 1)
+    q_idx, kv_idx = torch.arange(s).view(1, -1, 1), torch.arange(s).view(1, 1, -1)
+    for offset in (0, 37):
+        shifted = pos + offset
+        q, k = scheme.transform_qk(*qk(setup, s, s), shifted, shifted, 0)
+        for layer in range(setup.dims.num_layers):
+            mod = scheme.score_mod(shifted, shifted, layer)
+            as_mod = mod(torch.zeros(()), torch.zeros((), dtype=torch.long), h, q_idx, kv_idx)
+            bias = scheme.score_bias(q, k, shifted, shifted, layer)
+            as_mod, bias = (allowed_entries(x, s, s) for x in (as_mod, bias))
+            if max_diff(as_mod, bias) > tolerance(bias, 1e-5):
+                default = type(scheme).score_mod is PositionScheme.score_mod
+                why = (
+                    "; the default score_mod tabulates the bias by distance, right only for a "
+                    "truly relative bias (see the relative check)"
+                    if default
+                    else ""
+                )
+                raise Failed(
+                    f"score_mod and score_bias differ by {max_diff(as_mod, bias):.3g} (layer "
+                    f"{layer}, positions from {offset}): model.attention=flex would compute "
+                    f"other logits{why}"
+                )
+    return "score_mod adds score_bias on every unmasked entry (model.attention=flex)"
+
+
 def check_reference(setup: Setup) -> str:
     scheme = perturbed(setup.scheme()).eval()
     if getattr(scheme, "score_bias_reference", None) is None:
@@ -482,6 +516,7 @@ CHECKS: dict[str, Callable[[Setup], str]] = {
     "relative": check_relative,
     "content_bias": check_content_bias,
     "shared_bias": check_shared_bias,
+    "score_mod": check_score_mod,
     "reference": check_reference,
 }
 

@@ -20,9 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pe_bench.attention import biased_attention, causal_attention
+from pe_bench import attention
+from pe_bench.attention import biased_attention, causal_attention, flex_attention
 from pe_bench.errors import UserError
 from pe_bench.positions import ModelDims, PositionScheme, build_scheme
+
+ATTENTION = ("auto", "sdpa", "flex")
 
 
 @dataclass
@@ -33,8 +36,16 @@ class ModelConfig:
     num_heads: int = 4
     mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * d_model
     tie_embeddings: bool = False  # share the input embedding with the output head
+    # How schemes with a logit term attend: "sdpa" (float masks, by query chunks), "flex"
+    # (FlexAttention score_mod, no mask; no backward on CPU) or "auto" (flex where measured
+    # faster, see GPT.uses_flex). Not part of a run's identity: the numbers are the same.
+    attention: str = "auto"
 
     def __post_init__(self) -> None:
+        if self.attention not in ATTENTION:
+            raise UserError(
+                f"model.attention={self.attention!r} is not one of {', '.join(ATTENTION)}"
+            )
         for field in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_ratio"):
             if getattr(self, field) < 1:
                 raise UserError(f"model.{field} must be >= 1, got {getattr(self, field)}")
@@ -62,14 +73,17 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
     def forward(
-        self, x: Tensor, pe: PositionScheme, pos: Tensor, bias_cache: dict | None
+        self, x: Tensor, pe: PositionScheme, pos: Tensor, bias_cache: dict | None, flex: bool
     ) -> Tensor:
         b, s, d = x.shape
         q, k, v = self.qkv(x).split(d, dim=2)
         # [b, s, d] -> [b, n_h, s, h_d]
         q, k, v = (t.view(b, s, self.num_heads, -1).transpose(1, 2) for t in (q, k, v))
         q, k = pe.transform_qk(q, k, pos, pos, self.layer)
-        if pe.has_score_bias:  # the scheme's term, by query chunks for long windows
+        score_mod = pe.score_mod(pos, pos, self.layer) if flex else None
+        if score_mod is not None:  # the scheme's term inside FlexAttention
+            y = flex_attention(q, k, v, score_mod)
+        elif pe.has_score_bias:  # the scheme's term in float masks, by query chunks
             bias_fn = partial(pe.score_bias, layer=self.layer)
             y = biased_attention(q, k, v, pos, bias_fn, bias_cache)
         else:  # fused causal SDPA
@@ -96,9 +110,9 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(
-        self, x: Tensor, pe: PositionScheme, pos: Tensor, bias_cache: dict | None
+        self, x: Tensor, pe: PositionScheme, pos: Tensor, bias_cache: dict | None, flex: bool
     ) -> Tensor:
-        x = x + self.attn(self.ln1(x), pe, pos, bias_cache)
+        x = x + self.attn(self.ln1(x), pe, pos, bias_cache, flex)
         return x + self.mlp(self.ln2(x))
 
 
@@ -133,12 +147,34 @@ class GPT(nn.Module):
         pos = self.pe.positions(idx.shape[1], idx.device)  # [s]
         x = self.pe.embed(self.tok_emb(idx), pos)  # [b, s, d]
         bias_cache = {} if self.pe.shared_bias else None  # one mask for all layers
+        flex = self.uses_flex(idx.shape[1], idx.device)
         for block in self.blocks:
-            x = block(x, self.pe, pos, bias_cache)
+            x = block(x, self.pe, pos, bias_cache, flex)
         logits = self.head(self.ln_f(x))  # [b, s, V]
         if targets is None:
             return logits
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+    def uses_flex(self, seq_len: int, device: torch.device) -> bool:
+        """Whether a forward pass over ``seq_len`` tokens attends through FlexAttention.
+
+        ``auto`` picks it for evaluation windows whose masks are too large to share across
+        layers (n_h s^2 > ``SHARED_MASK_BUDGET``: 8192 tokens at 4 heads), where it was
+        measured faster on CPU (eval tokens/s at 8192, d_model 128: ALiBi 2318 vs 1519, T5
+        2471 vs 805), and not below (at 4096: 4354 vs 7739, 3830 vs 7169).
+        """
+        mode = self.cfg.attention
+        if mode == "sdpa" or not self.pe.has_score_bias:
+            return False
+        if mode == "flex":
+            if device.type == "cpu" and torch.is_grad_enabled():
+                raise UserError(
+                    "model.attention=flex: FlexAttention has no backward on CPU; train with "
+                    "model.attention=auto or sdpa (evaluation then uses flex where it is faster)"
+                )
+            return True
+        long = self.cfg.num_heads * seq_len**2 > attention.SHARED_MASK_BUDGET
+        return long and not torch.is_grad_enabled()
 
     def num_params(self) -> dict[str, int]:
         """Parameter counts: all, and those of the position scheme (learned, T5, XL add some)."""

@@ -109,3 +109,77 @@ def test_mask_shared_across_layers_equals_one_per_layer(name, monkeypatch):
         monkeypatch.setattr(type(model.pe), "shared_bias", False)
         per_layer = model(x)
     assert torch.equal(shared, per_layer)
+
+
+FLEX_SCHEMES = ["alibi", "t5", "kerple_log", "kerple_power", "sandwich"]
+
+
+@pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
+@pytest.mark.parametrize("name", FLEX_SCHEMES)
+@pytest.mark.parametrize("s", [40, 200])  # within one block, and across blocks of 128
+def test_flex_score_mod_equals_the_bias_path(name, s):
+    """FlexAttention (eager: the same kernel logic as compiled, slowly) with the scheme's
+    score_mod gives what the float-mask path gives, on more than one 128-token block."""
+    from pe_bench.attention import flex_attention
+
+    from .conftest import tiny_model
+
+    pe = tiny_model(name).pe
+    pos = torch.arange(s)
+    q, k, v = (torch.randn(1, 4, s, 8) for _ in range(3))
+    expected = reference_attention(q, k, v, pe.score_bias(q, k, pos, pos, 1))
+    with torch.no_grad():
+        got = flex_attention(q, k, v, pe.score_mod(pos, pos, 1), compiled=False)
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["nope", "rope", "xl", "shaw", "fire", "cope"])
+def test_no_score_mod_without_a_content_free_relative_bias(name):
+    """Content-dependent (XL, Shaw, CoPE) and absolute (FIRE) terms keep the bias path."""
+    from .conftest import tiny_model
+
+    pe = tiny_model(name).pe
+    assert pe.score_mod(torch.arange(8), torch.arange(8), 0) is None
+
+
+def test_auto_attention_evaluates_long_windows_through_flex(monkeypatch):
+    """model.attention=auto: compiled FlexAttention for evaluation windows too large to share
+    a mask (the budget lowered so that 150 tokens count as long), the same outputs as SDPA;
+    never while gradients are on."""
+    from pe_bench import attention
+    from pe_bench import model as model_module
+
+    from .conftest import tiny_model
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape[-2])
+        return attention.flex_attention(*args, **kwargs)
+
+    monkeypatch.setattr(model_module, "flex_attention", counted)
+    monkeypatch.setattr(attention, "SHARED_MASK_BUDGET", 4 * 100**2)
+    model = tiny_model("alibi")
+    assert model.cfg.attention == "auto"
+    x = torch.randint(0, 256, (2, 150))
+    model(x[:, :20]).sum().backward()  # training: SDPA
+    assert calls == []
+    with torch.no_grad():
+        model(x[:, :100])  # not long: SDPA
+        assert calls == []
+        flex = model(x)
+        assert calls == [150, 150]  # both layers
+        model.cfg.attention = "sdpa"
+        sdpa = model(x)
+    assert torch.allclose(flex, sdpa, atol=1e-4)
+
+
+def test_flex_refuses_to_train_on_cpu():
+    from pe_bench.errors import UserError
+
+    from .conftest import tiny_model
+
+    model = tiny_model("alibi")
+    model.cfg.attention = "flex"
+    with pytest.raises(UserError, match="FlexAttention has no backward on CPU"):
+        model(torch.randint(0, 256, (1, 8)))

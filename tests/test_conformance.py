@@ -30,6 +30,8 @@ def test_every_built_in_scheme_conforms(name):
     has_reference = hasattr(cls, "score_bias_reference")
     assert report["reference"].status == (PASS if has_reference else SKIP)
     assert report["shared_bias"].status == (PASS if cls.shared_bias else SKIP)
+    flex = cls.relative and not cls.content_bias and report["content_bias"].status == PASS
+    assert report["score_mod"].status == (PASS if flex else SKIP)
 
 
 @pytest.mark.parametrize(
@@ -39,6 +41,7 @@ def test_every_built_in_scheme_conforms(name):
         (broken_pe.FakeRelative, "relative", "declares relative = True, but its logits change"),
         (broken_pe.UndeclaredContent, "content_bias", "changes by .* with the contents of q"),
         (broken_pe.LayerBiasShared, "shared_bias", "differs by .* between layers 0 and 1"),
+        (broken_pe.WrongScoreMod, "score_mod", "score_mod and score_bias differ by"),
         (broken_pe.WrongReference, "reference", "score_bias and score_bias_reference differ"),
         (broken_pe.FirstQueries, "query_chunks", "the queries are the last s_q keys"),
         (broken_pe.UnguardedTable, "lengths", "length 64 .* raised IndexError"),
@@ -82,7 +85,8 @@ def test_console_script_fails_a_broken_plugin():
     assert proc.returncode == 1, proc.stderr
     assert "FAIL relative: declares relative = True" in proc.stdout
     assert "PASS causality" in proc.stdout
-    assert "broken_fake_relative: 1 of 11 checks failed" in proc.stdout
+    assert "FAIL score_mod: score_mod and score_bias differ" in proc.stdout  # its consequence
+    assert "broken_fake_relative: 2 of 12 checks failed" in proc.stdout
 
 
 def test_main_parses_options_and_exits_by_outcome(capsys):

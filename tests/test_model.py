@@ -64,3 +64,8 @@ def test_learned_model_refuses_past_its_table():
     model = tiny_model("learned", max_positions=20)
     with pytest.raises(UserError, match="cannot serve length 24"):
         model(torch.randint(0, 256, (1, 24)))
+
+
+def test_unknown_attention_is_a_clear_error():
+    with pytest.raises(UserError, match="model.attention='fast' is not one of auto, sdpa, flex"):
+        ModelConfig(attention="fast")

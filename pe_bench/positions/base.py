@@ -13,6 +13,7 @@ index; when s_q < s_k the queries are the *last* s_q keys (chunked or cached eva
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -20,6 +21,9 @@ import torch
 from torch import Tensor, nn
 
 from pe_bench.errors import UserError
+
+# FlexAttention's score_mod: (score, batch, head, q_idx, kv_idx) -> score, on index tensors.
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,30 @@ class PositionScheme(nn.Module):
     ) -> Tensor | None:
         """Additive logit term broadcastable to ``[b, n_h, s_q, s_k]`` (after 1/sqrt(h_d))."""
         return None
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> ScoreMod | None:
+        """``score_bias`` as a FlexAttention ``score_mod``, ``(score, b, h, q_idx, kv_idx) ->
+        score + bias``, so that no ``[s_q, s_k]`` mask is ever built; None: no such form.
+
+        The default covers every content-free relative bias (ALiBi, T5, KERPLE, Sandwich): the
+        term is a function of the distance i - j alone, so one row of ``score_bias`` tabulates
+        it for every distance. Other content-free schemes may override it (the conformance
+        kit holds it equal to ``score_bias``).
+        """
+        if self.content_bias or not self.relative or not self.has_score_bias:
+            return None
+        longest = int((q_pos.max() - k_pos.min()).clamp(min=0))
+        keys = torch.arange(longest + 1, device=q_pos.device)  # distances longest .. 0
+        row = self.score_bias(None, None, keys[-1:], keys, layer)  # [n_h, 1, longest + 1]
+        row = row[0] if row.dim() == 4 else row  # [1, n_h, 1, s] -> [n_h, 1, s]
+        row = row.expand(self.dims.num_heads, 1, -1)  # also [1, s] or [1, 1, s]: one for all
+        by_distance = row[:, 0].flip(-1).float()  # [n_h, longest + 1]: entry n at distance n
+
+        def add_bias(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            distance = (q_pos[q_idx] - k_pos[kv_idx]).clamp(min=0)  # future keys: masked anyway
+            return score + by_distance[h, distance]
+
+        return add_bias
 
     # ---- finer hooks composed by transform_qk --------------------------------------------
 

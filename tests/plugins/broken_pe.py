@@ -51,6 +51,20 @@ class LayerBiasShared(PositionScheme):
         return -(q_pos.unsqueeze(-1) - k_pos).float() / (layer + 1)
 
 
+@register("broken_score_mod")
+class WrongScoreMod(PositionScheme):
+    """A FlexAttention form (slope 1/16) that disagrees with its bias (slope 1/8)."""
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        return -(q_pos.unsqueeze(-1) - k_pos).float() / 8
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor, layer: int):
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score - (q_pos[q_idx] - k_pos[kv_idx]).float() / 16
+
+        return mod
+
+
 @register("broken_reference")
 class WrongReference(PositionScheme):
     """A fast path (slope 1/8) that disagrees with its reference (slope 1/16)."""

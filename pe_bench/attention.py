@@ -3,8 +3,8 @@
 Fast path: ``scaled_dot_product_attention`` with ``is_causal=True`` when the scheme adds no
 logit term. Otherwise the scheme's term and the causal ``-inf`` go into one 4-D float mask
 (a 3-D mask sends CPU SDPA to its slow math path, and ``attn_mask`` with ``is_causal`` raises
-on some backends), by query chunks for long windows; or, with ``model.attention=flex``, the
-term goes into FlexAttention as a ``score_mod`` and no mask is built at all.
+on some backends), by query chunks for long windows; or, where ``model.attention`` picks
+FlexAttention (``GPT.uses_flex``), the term goes in as a ``score_mod`` and no mask is built.
 ``reference_attention`` writes the math out; tests hold the paths equal.
 
 Shapes: q ``[b, n_h, s_q, h_d]``, k and v ``[b, n_h, s_k, h_d]``; the queries are the last s_q

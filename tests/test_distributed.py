@@ -14,7 +14,7 @@ from pe_bench.distributed import World
 from pe_bench.errors import UserError
 from pe_bench.results import load_records
 
-from .conftest import TINY
+from .conftest import TINY, pe_bench
 
 RUN = ["pe=alibi", *TINY, "train.steps=8", "train.batch_size=8"]
 
@@ -67,21 +67,8 @@ def test_global_batch_is_split_between_ranks():
 
 
 def test_sweep_through_the_submitit_local_launcher(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pe_bench.cli",
-            "-m",
-            "hydra/launcher=submitit_local",
-            "pe=rope,alibi",
-            *TINY,
-            "name=sub",
-            f"out_root={tmp_path}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    proc = pe_bench(
+        "-m", "hydra/launcher=submitit_local", "pe=rope,alibi", *TINY, "name=sub", out=tmp_path
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     df = load_records(tmp_path / "sub")

@@ -63,6 +63,7 @@ log = logging.getLogger("pe_bench")
 
 CHECKPOINT = "checkpoint.pt"  # fine-tunes: checkpoint-<key>.pt
 FAILED = "error.txt"  # written into a job folder when the job stopped on bad input
+DONE = ".done"  # touched in a job folder when the job ends: sweep progress across processes
 
 
 def run_dir_name(overrides: str) -> str:
@@ -500,10 +501,9 @@ class SweepCallback(Callback):
     def __init__(self) -> None:
         self.total: int | None = None
         self.started = 0.0
-        self.finished = 0
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        self.total, self.started, self.finished = sweep_size(config), time.time(), 0
+        self.total, self.started = sweep_size(config), time.time()
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         job = HydraConfig.get().job
@@ -512,16 +512,21 @@ class SweepCallback(Callback):
             log.info("sweep: job %d%s: %s", job.num + 1, of, job.override_dirname or "default")
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
-        if HydraConfig.get().mode != RunMode.MULTIRUN or not self.started:
+        hydra_cfg = HydraConfig.get()
+        if hydra_cfg.mode != RunMode.MULTIRUN or not self.started:
             return
-        self.finished += 1
+        # Jobs that ended are counted by their markers, not in this object: a parallel launcher
+        # (joblib) runs jobs in worker processes, each with its own copy of the callback.
+        (Path(hydra_cfg.runtime.output_dir) / DONE).touch()
+        markers = Path(config.hydra.sweep.dir).rglob(DONE)
+        finished = max(1, sum(m.stat().st_mtime >= self.started for m in markers))
         elapsed = time.time() - self.started
         eta = ""
-        if self.total and self.total > self.finished:
-            left = elapsed / self.finished * (self.total - self.finished)
+        if self.total and self.total > finished:
+            left = elapsed / finished * (self.total - finished)
             eta = f", about {left / 60:.1f} min left"
         of = f"/{self.total}" if self.total else ""
-        log.info("sweep: %d%s jobs done in %.1f min%s", self.finished, of, elapsed / 60, eta)
+        log.info("sweep: %d%s jobs done in %.1f min%s", finished, of, elapsed / 60, eta)
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
         if config.get("report", True) and rank_from_env() == 0:

@@ -75,3 +75,6 @@ def test_sweep_through_the_submitit_local_launcher(tmp_path):
     assert set(df["scheme"]) == {"rope", "alibi"}
     assert (tmp_path / "sub" / ".submitit").is_dir()  # the jobs really went through submitit
     assert (tmp_path / "sub" / "report.md").exists()
+    # Progress counts jobs across processes: the job that ends last sees both ended.
+    logs = "".join(path.read_text() for path in (tmp_path / "sub").glob("*/cli.log"))
+    assert "sweep: 2/2 jobs done" in logs

@@ -7,6 +7,8 @@ against a matmul peak measured in the same run, and x-transformers side by side.
     python experiments/bench_throughput.py --schemes alibi,t5 --seq-len 128 --eval-factor 64 \
         --no-x-transformers --eval-attention flex     # 8192-token evaluation through FlexAttention
 
+``--profile`` adds where a CPU training step's time goes (torch.profiler, self time per op): matmul
+kernels, attention kernels, the optimizer's foreach ops, and everything else; for both libraries.
 Prints a table and writes a CSV (``--out``). Every number is the best of ``--repeats`` timed
 windows (the fairest estimate on a shared machine); both libraries train the same shape on the
 same batches with AdamW, gradient clipping and fp32 on CPU (bf16 autocast on GPU).
@@ -66,6 +68,33 @@ def timed(step: Callable[[], object], device: torch.device, repeats: int, iters:
             torch.cuda.synchronize()
         best = min(best, (time.perf_counter() - start) / iters)
     return best
+
+
+# Self-time op categories of a training-step profile (the first match wins; the rest is "other").
+PROFILE_CATEGORIES = {
+    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
+    "attention": ("aten::_scaled_dot_product", "aten::_flash_attention", "aten::_efficient"),
+    "optimizer": ("aten::_foreach", "aten::_fused_adam"),
+}
+
+
+def profile_step(step: Callable[[], object], iters: int) -> dict[str, float]:
+    """Milliseconds per call of ``step`` by op category (CPU self time), and their total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(iters):
+            step()
+    ms = dict.fromkeys([*PROFILE_CATEGORIES, "other"], 0.0)
+    for event in prof.key_averages():
+        category = next(
+            (c for c, prefixes in PROFILE_CATEGORIES.items() if event.key.startswith(prefixes)),
+            "other",
+        )
+        ms[category] += event.self_cpu_time_total / 1e3 / iters
+    ms["total"] = sum(ms.values())
+    return ms
 
 
 def pe_bench_model(scheme: str, args: argparse.Namespace) -> nn.Module:
@@ -128,6 +157,7 @@ def measure(
         optimizer.step()
 
     train_s = timed(train_step, device, args.repeats, args.steps)
+    profiled = profile_step(train_step, args.steps) if args.profile else {}
     eval_len = args.seq_len * args.eval_factor
     eval_batch = max(1, args.eval_tokens // eval_len)
     window = torch.randint(0, 256, (eval_batch, eval_len), generator=generator).to(device)
@@ -149,6 +179,7 @@ def measure(
         / 1e9,
         "eval_gflop_s": eval_batch * eval_len * (2 * n + 4 * attention * eval_len) / eval_s / 1e9,
         "params": n,
+        **{f"step_ms_{category}": ms for category, ms in profiled.items()},
     }
 
 
@@ -172,10 +203,15 @@ def main(argv: list[str] | None = None) -> None:
         help="pe-bench's attention for evaluation (model.attention); training always uses sdpa",
     )
     parser.add_argument("--no-x-transformers", action="store_true")
+    parser.add_argument(
+        "--profile", action="store_true", help="also print where a CPU training step's time goes"
+    )
     parser.add_argument("--out", type=Path, default=Path("bench_throughput.csv"))
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
+    if args.profile and device.type != "cpu":
+        parser.error("--profile breaks down CPU steps; use --device cpu")
     peak = matmul_peak(device, args.repeats)
     compare = not args.no_x_transformers
     if compare:
@@ -232,6 +268,14 @@ def format_row(row: dict) -> str:
             f"{row['xt_eval_tok_s']:>8.0f} tok/s | ours/theirs train "
             f"{row['train_speedup']:.2f}x, eval {row['eval_speedup']:.2f}x"
         )
+    for library, prefix in (("ours", "ours_"), ("x-transformers", "xt_")):
+        if f"{prefix}step_ms_total" in row:
+            parts = ", ".join(
+                f"{category} {row[f'{prefix}step_ms_{category}']:.1f}"
+                for category in (*PROFILE_CATEGORIES, "other")
+            )
+            text += f"\n{'':>12}{library} step profile (ms): {parts}; total "
+            text += f"{row[f'{prefix}step_ms_total']:.1f}"
     return text
 
 

@@ -8,7 +8,7 @@ against a matmul peak measured in the same run, and x-transformers side by side.
         --no-x-transformers --eval-attention flex     # 8192-token evaluation through FlexAttention
 
 ``--profile`` adds where a CPU training step's time goes (torch.profiler, self time per op): matmul
-kernels, attention kernels, the optimizer's foreach ops, and everything else; for both libraries.
+kernels, fused attention kernels, the optimizer step, and everything else; for both libraries.
 Prints a table and writes a CSV (``--out``). Every number is the best of ``--repeats`` timed
 windows (the fairest estimate on a shared machine); both libraries train the same shape on the
 same batches with AdamW, gradient clipping and fp32 on CPU (bf16 autocast on GPU).
@@ -21,17 +21,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import sys
 import time
 from collections.abc import Callable
+from importlib.metadata import version
 from pathlib import Path
 
+import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from pe_bench.model import ModelConfig, build_model
+from pe_bench.results import atomic_write_text, provenance
 from pe_bench.train import autocast
 
 # Our scheme -> x-transformers Decoder keyword arguments for the same scheme.
@@ -70,30 +72,37 @@ def timed(step: Callable[[], object], device: torch.device, repeats: int, iters:
     return best
 
 
-# Self-time op categories of a training-step profile (the first match wins; the rest is "other").
+# Self-time op categories of a training-step profile (the first match wins); the optimizer is
+# timed as a whole (its record function includes its ops: on CPU AdamW runs a per-parameter loop
+# of plain element-wise ops); "other" is everything left (norms, activations, embeddings, loss).
 PROFILE_CATEGORIES = {
     "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
     "attention": ("aten::_scaled_dot_product", "aten::_flash_attention", "aten::_efficient"),
-    "optimizer": ("aten::_foreach", "aten::_fused_adam"),
 }
+OPTIMIZER_STEP = "Optimizer.step#"
 
 
 def profile_step(step: Callable[[], object], iters: int) -> dict[str, float]:
-    """Milliseconds per call of ``step`` by op category (CPU self time), and their total."""
+    """Milliseconds per call of ``step`` by op category (CPU time), and their total."""
     from torch.profiler import ProfilerActivity, profile
 
     step()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(iters):
             step()
-    ms = dict.fromkeys([*PROFILE_CATEGORIES, "other"], 0.0)
+    ms = dict.fromkeys([*PROFILE_CATEGORIES, "optimizer", "other"], 0.0)
+    total = 0.0
     for event in prof.key_averages():
-        category = next(
-            (c for c, prefixes in PROFILE_CATEGORIES.items() if event.key.startswith(prefixes)),
-            "other",
-        )
-        ms[category] += event.self_cpu_time_total / 1e3 / iters
-    ms["total"] = sum(ms.values())
+        total += event.self_cpu_time_total / 1e3 / iters
+        if event.key.startswith(OPTIMIZER_STEP):
+            ms["optimizer"] += event.cpu_time_total / 1e3 / iters
+            continue
+        for category, prefixes in PROFILE_CATEGORIES.items():
+            if event.key.startswith(prefixes):
+                ms[category] += event.self_cpu_time_total / 1e3 / iters
+                break
+    ms["other"] = total - ms["matmul"] - ms["attention"] - ms["optimizer"]
+    ms["total"] = total
     return ms
 
 
@@ -247,12 +256,15 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(row)
         print(format_row(row), flush=True)
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", newline="") as f:
-        fields = sorted({k for row in rows for k in row}, key=lambda k: (k != "scheme", k))
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    # Provenance on every row: the CSV alone says what ran, where and on which code.
+    setup = {
+        **provenance(device),
+        "threads": torch.get_num_threads(),
+        "x_transformers": version("x-transformers") if compare else None,
+        **{k: v for k, v in vars(args).items() if k not in ("out", "schemes")},
+    }
+    table = pd.DataFrame([{**row, **setup} for row in rows])
+    atomic_write_text(args.out, table.to_csv(index=False))
     print(f"wrote {args.out}")
 
 
@@ -272,7 +284,7 @@ def format_row(row: dict) -> str:
         if f"{prefix}step_ms_total" in row:
             parts = ", ".join(
                 f"{category} {row[f'{prefix}step_ms_{category}']:.1f}"
-                for category in (*PROFILE_CATEGORIES, "other")
+                for category in (*PROFILE_CATEGORIES, "optimizer", "other")
             )
             text += f"\n{'':>12}{library} step profile (ms): {parts}; total "
             text += f"{row[f'{prefix}step_ms_total']:.1f}"

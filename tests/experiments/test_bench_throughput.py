@@ -31,8 +31,12 @@ def test_benchmark_writes_rates_mfu_and_a_step_profile(bench, tmp_path, capsys):
     # MFU is against the peak measured in the same run: a toy model stays far below it.
     assert (rows["ours_train_mfu"] < 1).all()
     parts = rows[[f"ours_step_ms_{c}" for c in CATEGORIES]]
-    assert (parts[["ours_step_ms_matmul", "ours_step_ms_attention"]] > 0).all().all()
+    # Every category is seen: on CPU, AdamW's step is a loop of plain element-wise ops, timed
+    # as a whole through its record function.
+    assert (parts > 0).all().all()
     assert parts.sum(axis=1).to_numpy() == pytest.approx(rows["ours_step_ms_total"].to_numpy())
+    # Provenance rides on every row.
+    assert rows["git_sha"].notna().all() and (rows["d_model"] == 32).all()
     printed = capsys.readouterr().out
     assert printed.count("ours step profile (ms): matmul") == 2
 

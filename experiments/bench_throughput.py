@@ -80,6 +80,7 @@ PROFILE_CATEGORIES = {
     "attention": ("aten::_scaled_dot_product", "aten::_flash_attention", "aten::_efficient"),
 }
 OPTIMIZER_STEP = "Optimizer.step#"
+STEP_PARTS = (*PROFILE_CATEGORIES, "optimizer", "other")
 
 
 def profile_step(step: Callable[[], object], iters: int) -> dict[str, float]:
@@ -90,7 +91,7 @@ def profile_step(step: Callable[[], object], iters: int) -> dict[str, float]:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(iters):
             step()
-    ms = dict.fromkeys([*PROFILE_CATEGORIES, "optimizer", "other"], 0.0)
+    ms = dict.fromkeys(STEP_PARTS, 0.0)
     total = 0.0
     for event in prof.key_averages():
         total += event.self_cpu_time_total / 1e3 / iters
@@ -283,8 +284,7 @@ def format_row(row: dict) -> str:
     for library, prefix in (("ours", "ours_"), ("x-transformers", "xt_")):
         if f"{prefix}step_ms_total" in row:
             parts = ", ".join(
-                f"{category} {row[f'{prefix}step_ms_{category}']:.1f}"
-                for category in (*PROFILE_CATEGORIES, "optimizer", "other")
+                f"{category} {row[f'{prefix}step_ms_{category}']:.1f}" for category in STEP_PARTS
             )
             text += f"\n{'':>12}{library} step profile (ms): {parts}; total "
             text += f"{row[f'{prefix}step_ms_total']:.1f}"

@@ -17,11 +17,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib as mpl
 import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
+from matplotlib.font_manager import FontProperties
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, ScalarFormatter
 
 CLASSIC_LABELS = (
@@ -75,14 +77,15 @@ def styles(labels: list[str]) -> dict[str, Style]:
     """A style per label: fixed for the classic labels, then in the given order for the rest.
 
     Colours repeat every 11 labels and line styles every 4, so (colour, line style) pairs are
-    unique for the first 44 labels.
+    unique for the first 44 labels; markers shift by one each time the colours come round, so
+    (colour, marker) pairs are unique too: no two lines look alike in legend-sized swatches.
     """
     others = [lab for lab in labels if lab not in CLASSIC_LABELS]
     index = {lab: i for i, lab in enumerate((*CLASSIC_LABELS, *others))}
     return {
         lab: Style(
             PALETTE[index[lab] % len(PALETTE)],
-            MARKERS[index[lab] % len(MARKERS)],
+            MARKERS[(index[lab] + index[lab] // len(PALETTE)) % len(MARKERS)],
             LINESTYLES[index[lab] % len(LINESTYLES)],
         )
         for lab in labels
@@ -120,13 +123,27 @@ def _train_line(ax, train_len: int) -> None:
 
 
 def _legend(fig: Figure, axes, style: dict[str, Style]) -> None:
-    """One legend for all panels, outside on the right, labels in the style's (canonical) order."""
+    """One legend for all panels, outside on the right, labels in the style's (canonical) order,
+    in as many columns as the figure's height needs."""
     handles = {}
     for ax in np.ravel(axes):
         for handle, lab in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(lab, handle)
     order = [lab for lab in style if lab in handles]
-    fig.legend([handles[lab] for lab in order], order, loc="outside right upper", frameon=False)
+    font = FontProperties(size=mpl.rcParams["legend.fontsize"]).get_size_in_points()
+    row = font * (1 + mpl.rcParams["legend.labelspacing"]) * 1.1  # with a margin
+    rows = max(1, int((fig.get_figheight() * 72 - 2 * font) // row))
+    ncols = math.ceil(len(order) / rows)
+    if ncols > 1:  # more columns than one: the figure grows by them, so the panels keep their size
+        column = (0.55 * max(map(len, order)) + 4) * font / 72  # inches: label, swatch, gap
+        fig.set_figwidth(fig.get_figwidth() + (ncols - 1) * column)
+    fig.legend(
+        [handles[lab] for lab in order],
+        order,
+        loc="outside right upper",
+        frameon=False,
+        ncols=ncols,
+    )
 
 
 def _footnote(fig: Figure, note: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from PIL import Image
 
 from pe_bench import aggregate, plots
@@ -25,6 +26,33 @@ def test_twenty_labels_differ_in_colour_and_in_black_and_white():
     style = plots.styles(labels).values()
     assert len({(s.color, s.linestyle) for s in style}) == 20
     assert len({(s.marker, s.linestyle) for s in style}) == 20
+
+
+def test_no_two_labels_share_colour_and_marker():
+    # The zoo has 21 labels: past 11 the colours come round, and the legend swatches (colour and
+    # marker, the line too short to show its dashes) must still tell every label apart.
+    labels = [*plots.CLASSIC_LABELS, *(f"scheme{i}" for i in range(40))]
+    style = plots.styles(labels).values()
+    assert len({(s.color, s.marker) for s in style}) == len(labels)
+
+
+def test_a_long_legend_wraps_into_columns_inside_the_figure():
+    labels = [*plots.CLASSIC_LABELS, *(f"scheme{i}" for i in range(21))]
+    rows = [
+        {"label": lab, "eval_len": length, "mean": 2.0 + i, "n": 1}
+        for i, lab in enumerate(labels)
+        for length in (16, 32)
+    ]
+    stats = pd.DataFrame(rows).assign(ci_low=float("nan"), ci_high=float("nan"))
+    with plots.theme():
+        fig = plots.length_figure(stats, plots.styles(labels), "ppl", train_len=16)
+        renderer = FigureCanvasAgg(fig).get_renderer()
+        fig.draw(renderer)
+        texts = fig.legends[0].get_texts()
+        assert [t.get_text() for t in texts] == labels
+        for text in texts:
+            box = text.get_window_extent(renderer)
+            assert fig.bbox.contains(box.x0, box.y0) and fig.bbox.contains(box.x1, box.y1), text
 
 
 def test_length_figure_has_a_line_per_label_and_bands_where_seeds():

@@ -262,7 +262,8 @@ def main(argv: list[str] | None = None) -> None:
         **provenance(device),
         "threads": torch.get_num_threads(),
         "x_transformers": version("x-transformers") if compare else None,
-        **{k: v for k, v in vars(args).items() if k not in ("out", "schemes")},
+        # "device" is provenance's (cpu/cuda, with "hardware" beside it), not the raw argument
+        **{k: v for k, v in vars(args).items() if k not in ("out", "schemes", "device")},
     }
     table = pd.DataFrame([{**row, **setup} for row in rows])
     atomic_write_text(args.out, table.to_csv(index=False))

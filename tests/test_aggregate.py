@@ -11,23 +11,10 @@ import pytest
 from pe_bench import aggregate
 from pe_bench.errors import UserError
 
-from .conftest import diverged, record
+from .helpers import diverged, prepared, record, three_seeds
 
 T_975_2 = 4.302652729911275  # t-distribution, 97.5th percentile, 2 degrees of freedom (table)
 HALF = T_975_2 * 0.2 / math.sqrt(3)  # 95% half-width of three values with sd 0.2
-
-
-def three_seeds() -> list[dict]:
-    """alibi: seeds 0-2, NLL 1.0/1.2/1.4 at L=16 and 1.3/1.5/1.7 at L=32; rope: one seed."""
-    rows = []
-    for seed, (short, long) in enumerate([(1.0, 1.3), (1.2, 1.5), (1.4, 1.7)]):
-        rows += [record("alibi", seed, 16, short), record("alibi", seed, 32, long)]
-    rows += [record("rope", 0, 16, 0.9), record("rope", 0, 32, 2.0)]
-    return rows
-
-
-def prepared(rows: list[dict], **kwargs) -> pd.DataFrame:
-    return aggregate.prepare(pd.DataFrame(rows), **kwargs)
 
 
 def cell(stats: pd.DataFrame, label: str, length: int) -> pd.Series:

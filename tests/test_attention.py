@@ -9,7 +9,7 @@ import torch
 from pe_bench.attention import attention_logits, causal_attention, reference_attention
 from pe_bench.positions import ModelDims, build_scheme
 
-from .conftest import RELATIVE
+from .helpers import RELATIVE
 
 DIMS = ModelDims(d_model=32, num_heads=4, head_dim=8, num_layers=2, train_len=16)
 
@@ -71,7 +71,7 @@ def test_xl_reference_formula_is_shift_invariant():
 @pytest.mark.parametrize("name", ["sinusoidal", "learned"])
 def test_absolute_schemes_do_depend_on_position(name):
     """The invariance test can fail: an absolute scheme changes the model's output on a shift."""
-    from .conftest import tiny_model
+    from .helpers import tiny_model
 
     model = tiny_model(name)
     x = torch.randint(0, 256, (1, 8))
@@ -87,7 +87,7 @@ def test_query_chunked_attention_equals_one_chunk(name, monkeypatch):
     """Long windows are computed by query chunks; the result must not depend on the chunking."""
     from pe_bench import attention
 
-    from .conftest import tiny_model
+    from .helpers import tiny_model
 
     model = tiny_model(name)
     x = torch.randint(0, 256, (2, 100))
@@ -100,7 +100,7 @@ def test_query_chunked_attention_equals_one_chunk(name, monkeypatch):
 
 @pytest.mark.parametrize("name", ["alibi", "t5"])
 def test_mask_shared_across_layers_equals_one_per_layer(name, monkeypatch):
-    from .conftest import tiny_model
+    from .helpers import tiny_model
 
     model = tiny_model(name)
     x = torch.randint(0, 256, (2, 40))
@@ -122,7 +122,7 @@ def test_flex_score_mod_equals_the_bias_path(name, s):
     score_mod gives what the float-mask path gives, on more than one 128-token block."""
     from pe_bench.attention import flex_attention
 
-    from .conftest import tiny_model
+    from .helpers import tiny_model
 
     pe = tiny_model(name).pe
     pos = torch.arange(s)
@@ -136,7 +136,7 @@ def test_flex_score_mod_equals_the_bias_path(name, s):
 @pytest.mark.parametrize("name", ["nope", "rope", "xl", "shaw", "fire", "cope"])
 def test_no_score_mod_without_a_content_free_relative_bias(name):
     """Content-dependent (XL, Shaw, CoPE) and absolute (FIRE) terms keep the bias path."""
-    from .conftest import tiny_model
+    from .helpers import tiny_model
 
     pe = tiny_model(name).pe
     assert pe.score_mod(torch.arange(8), torch.arange(8), 0) is None
@@ -149,7 +149,7 @@ def test_auto_attention_evaluates_long_windows_through_flex(monkeypatch):
     from pe_bench import attention
     from pe_bench import model as model_module
 
-    from .conftest import tiny_model
+    from .helpers import tiny_model
 
     calls = []
 
@@ -177,7 +177,7 @@ def test_auto_attention_evaluates_long_windows_through_flex(monkeypatch):
 def test_flex_refuses_to_train_on_cpu():
     from pe_bench.errors import UserError
 
-    from .conftest import tiny_model
+    from .helpers import tiny_model
 
     model = tiny_model("alibi")
     model.cfg.attention = "flex"

@@ -10,7 +10,7 @@ import pytest
 
 from pe_bench.results import load_records
 
-from .conftest import CLASSIC, TINY, pe_bench
+from .helpers import CLASSIC, TINY, assert_regenerates, pe_bench
 
 
 def test_smoke_experiment_runs_every_scheme(smoke):
@@ -148,8 +148,6 @@ MINIS = {
 @pytest.mark.parametrize("name", sorted(MINIS))
 def test_paper_mini_end_to_end_shrunk(tmp_path, name):
     from pe_bench.aggregate import label
-
-    from .test_reference_results import assert_regenerates
 
     overrides, cite, column, labels = MINIS[name]
     proc = pe_bench(f"experiment={name}", *SHRUNK, *overrides, out=tmp_path)

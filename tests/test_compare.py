@@ -23,7 +23,7 @@ import yaml
 from pe_bench import aggregate, compare
 from pe_bench.errors import UserError
 
-from .conftest import record
+from .helpers import record
 
 PAPER = {
     "citation": {

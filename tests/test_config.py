@@ -18,7 +18,7 @@ from pe_bench.evaluate import EvalConfig
 from pe_bench.positions import scheme_class
 from pe_bench.train import TrainConfig
 
-from .conftest import TRAINABLE, VARIANTS
+from .helpers import TRAINABLE, VARIANTS
 
 CONF = Path(__file__).parents[1] / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))

@@ -15,7 +15,7 @@ from pe_bench.conformance import FAIL, PASS, SKIP, assert_conforms, check_scheme
 from pe_bench.errors import UserError
 from pe_bench.positions import registered
 
-from .conftest import TRAINABLE, VARIANTS
+from .helpers import TRAINABLE, VARIANTS
 from .plugins import broken_pe
 
 ROOT = Path(__file__).parents[1]

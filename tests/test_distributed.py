@@ -14,7 +14,7 @@ from pe_bench.distributed import World
 from pe_bench.errors import UserError
 from pe_bench.results import load_records
 
-from .conftest import TINY, pe_bench
+from .helpers import TINY, pe_bench
 
 RUN = ["pe=alibi", *TINY, "train.steps=8", "train.batch_size=8"]
 

@@ -11,7 +11,7 @@ from torch import nn
 from pe_bench.errors import UserError
 from pe_bench.evaluate import EvalConfig, Window, score, windows
 
-from .conftest import tiny_model
+from .helpers import tiny_model
 
 
 def scored_targets(n: int, length: int, mode: str, stride: int | None = None) -> list[int]:

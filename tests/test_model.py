@@ -8,7 +8,7 @@ import torch
 from pe_bench.errors import UserError
 from pe_bench.model import ModelConfig
 
-from .conftest import TRAINABLE, VARIANTS, tiny_model, with_variant
+from .helpers import TRAINABLE, VARIANTS, tiny_model, with_variant
 
 ALL = [(name, tiny_model) for name in TRAINABLE] + [(name, with_variant) for name in VARIANTS]
 

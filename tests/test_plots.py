@@ -8,7 +8,7 @@ from PIL import Image
 
 from pe_bench import aggregate, plots
 
-from .test_aggregate import prepared, three_seeds
+from .helpers import prepared, three_seeds
 
 
 def labelled_lines(ax) -> list:

@@ -20,7 +20,7 @@ from pe_bench.positions import base, scheme_class
 from pe_bench.report import build_report
 from pe_bench.results import load_records
 
-from .test_cli import TINY
+from .helpers import TINY
 
 ROOT = Path(__file__).parents[1]
 EXAMPLE = ROOT / "examples" / "my_pe"

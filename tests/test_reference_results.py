@@ -7,51 +7,14 @@ smoke experiment's output, so the machinery is tested even before anything is co
 
 from __future__ import annotations
 
-import shlex
-import shutil
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
-from pe_bench import report
+from .helpers import assert_regenerates
 
 RESULTS = Path(__file__).parents[1] / "results"
 COMMITTED = sorted(p for p in RESULTS.glob("*") if p.is_dir() and any(p.rglob("records.jsonl")))
-GENERATED = ("report.md", "tables", "figures")
-
-
-def report_command(folder: Path) -> list[str]:
-    """The ``pe-bench-report`` arguments that report.md says made it."""
-    lines = (folder / "report.md").read_text().splitlines()
-    (line,) = [x for x in lines if x.startswith("pe-bench-report ")]
-    return shlex.split(line.split("  #")[0])[1:]
-
-
-def assert_regenerates(folder: Path, tmp_path: Path) -> None:
-    copy = tmp_path / folder.name
-    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("*.pt", "wandb"))
-    shutil.rmtree(copy / "tables")
-    shutil.rmtree(copy / "figures")
-    (copy / "report.md").unlink()
-    args = report_command(folder)
-    report.main([str(copy / args[0]), *args[1:]])
-    committed = sorted(p.relative_to(folder) for name in GENERATED for p in _files(folder / name))
-    regenerated = sorted(p.relative_to(copy) for name in GENERATED for p in _files(copy / name))
-    assert regenerated == committed
-    for rel in committed:
-        old, new = folder / rel, copy / rel
-        if rel.suffix == ".png":
-            with Image.open(old) as a, Image.open(new) as b:
-                assert a.size == b.size, rel
-        elif rel.suffix == ".pdf":
-            assert new.read_bytes().startswith(b"%PDF"), rel
-        else:
-            assert new.read_text() == old.read_text(), f"{rel} differs from the committed file"
-
-
-def _files(path: Path) -> list[Path]:
-    return [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
 
 
 @pytest.mark.parametrize("folder", COMMITTED or [None], ids=lambda p: p.name if p else "none")

@@ -14,7 +14,7 @@ from PIL import Image
 from pe_bench import plots, report
 from pe_bench.results import write_jsonl
 
-from .conftest import CLASSIC, diverged, record
+from .helpers import CLASSIC, diverged, record
 from .test_aggregate import three_seeds
 
 SMOKE_LABELS = ["nope", "sinusoidal", "learned", "t5", "xl", "rope", "rope+pi", "rope+ntk", "alibi"]

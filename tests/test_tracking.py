@@ -9,7 +9,7 @@ import pytest
 from pe_bench import tracking
 from pe_bench.errors import UserError
 
-from .conftest import TINY, pe_bench
+from .helpers import TINY, pe_bench
 
 START = {"name": "job", "group": "g", "job_type": "train", "config": {}}
 

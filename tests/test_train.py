@@ -9,7 +9,7 @@ from pe_bench.data import Corpus
 from pe_bench.errors import UserError
 from pe_bench.train import FinetuneConfig, TrainConfig, fit, lr_at, validation_loss
 
-from .conftest import tiny_model
+from .helpers import tiny_model
 
 
 def test_warmup_then_cosine_to_floor():

@@ -1,0 +1,198 @@
+"""Helpers shared by the tests: scheme lists, tiny models, hand-made records, the CLI."""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+from PIL import Image
+
+from pe_bench import aggregate, report
+from pe_bench.model import GPT, ModelConfig, build_model
+
+# Every trainable scheme, and the eval-time variants with the scheme they apply to.
+CLASSIC = ["nope", "sinusoidal", "learned", "t5", "xl", "rope", "alibi"]
+TRAINABLE = [
+    *CLASSIC,
+    "shaw",
+    "kerple_log",
+    "kerple_power",
+    "fire",
+    "sandwich",
+    "xpos",
+    "cope",
+    "randomized_rope",
+    "randomized_learned",
+]
+VARIANTS = ["pi", "ntk", "dynamic_ntk", "yarn", "logn"]
+RELATIVE = [
+    "t5",
+    "xl",
+    "rope",
+    "alibi",
+    "pi",
+    "ntk",
+    "shaw",
+    "kerple_log",
+    "kerple_power",
+    "sandwich",
+    "xpos",
+    "yarn",
+]
+NOT_RELATIVE = [
+    "nope",
+    "sinusoidal",
+    "learned",
+    "fire",
+    "cope",
+    "randomized_rope",
+    "randomized_learned",
+    "dynamic_ntk",
+    "logn",
+]
+
+
+def tiny_model(scheme: str, train_len: int = 16, **options) -> GPT:
+    """A tiny model whose every parameter (the scheme's too) is random, so no term is zero."""
+    cfg = ModelConfig(d_model=32, num_layers=2, num_heads=4, mlp_ratio=2)
+    model = build_model(cfg, {"name": scheme, **options}, train_len, seed=0)
+    with torch.no_grad():
+        for p in model.pe.parameters():
+            p.normal_(0, 0.5)
+    return model.eval()
+
+
+def with_variant(scheme: str, train_len: int = 16) -> GPT:
+    """A rope model whose scheme is replaced by an eval-time variant (as evaluation does)."""
+    model = tiny_model("rope", train_len)
+    variant = tiny_model(scheme, train_len).pe
+    model.pe = variant
+    return model
+
+
+# A run small enough for a test: smoke model, 3 steps, 3 eval lengths.
+TINY = [
+    "model=smoke",
+    "train.seq_len=16",
+    "train.steps=3",
+    "train.batch_size=4",
+    "train.warmup_steps=1",
+    "train.log_every=1",
+    "train.val_batches=1",
+    "eval.factors=[1,2,4]",
+    "eval.tokens=256",
+]
+
+
+def pe_bench(
+    *args: str, out: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """The ``pe-bench`` console entry point in a subprocess, writing under ``out``."""
+    return subprocess.run(
+        [sys.executable, "-m", "pe_bench.cli", *args, f"out_root={out}"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})},
+        timeout=600,
+    )
+
+
+def record(scheme: str, seed: int, eval_len: int | None, nll: float, **fields) -> dict:
+    """A hand-made record with every field a real one has; ``fields`` override."""
+    return {
+        "run_id": f"{scheme}-{seed}",
+        "scheme": scheme,
+        "variant": "none",
+        "seed": seed,
+        "train_len": 16,
+        "eval_len": eval_len,
+        "mode": "nonoverlap",
+        "stride": eval_len,
+        "nll": nll,
+        "ppl": math.exp(nll),
+        "bpb": nll / math.log(2),
+        "tokens": 256,
+        "params": 1000,
+        "pe_params": 0,
+        "d_model": 32,
+        "num_layers": 2,
+        "train_steps": 3,
+        "train_tokens": 192,
+        "train_time_s": 1.0,
+        "final_val_loss": 2.0,
+        "corpus": "stdlib",
+        "corpus_sha": "c17d74",
+        "config_hash": "0123456789ab",
+        "git_sha": "8dde27a",
+        "torch": "2.13.0",
+        "device": "cpu",
+        "hardware": "cpu (x86_64, 2 threads)",
+        "date": "2026-11-23T14:00:00+00:00",
+        **fields,
+    }
+
+
+def diverged(scheme: str, seed: int, step: int, lengths: tuple[int, ...] = (16, 32)) -> list[dict]:
+    """The records of a run whose training diverged, as ``pe-bench`` writes them: one per eval
+    length, ``status: diverged``, the step, and null numbers."""
+    nothing = {"nll": None, "ppl": None, "bpb": None}
+    return [
+        {**record(scheme, seed, n, 0.0, status="diverged", diverged_step=step), **nothing}
+        for n in lengths
+    ]
+
+
+def three_seeds() -> list[dict]:
+    """alibi: seeds 0-2, NLL 1.0/1.2/1.4 at L=16 and 1.3/1.5/1.7 at L=32; rope: one seed."""
+    rows = []
+    for seed, (short, long) in enumerate([(1.0, 1.3), (1.2, 1.5), (1.4, 1.7)]):
+        rows += [record("alibi", seed, 16, short), record("alibi", seed, 32, long)]
+    rows += [record("rope", 0, 16, 0.9), record("rope", 0, 32, 2.0)]
+    return rows
+
+
+def prepared(rows: list[dict], **kwargs) -> pd.DataFrame:
+    return aggregate.prepare(pd.DataFrame(rows), **kwargs)
+
+
+GENERATED = ("report.md", "tables", "figures")  # what pe-bench-report writes
+
+
+def report_command(folder: Path) -> list[str]:
+    """The ``pe-bench-report`` arguments that report.md says made it."""
+    lines = (folder / "report.md").read_text().splitlines()
+    (line,) = [x for x in lines if x.startswith("pe-bench-report ")]
+    return shlex.split(line.split("  #")[0])[1:]
+
+
+def assert_regenerates(folder: Path, tmp_path: Path) -> None:
+    copy = tmp_path / folder.name
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("*.pt", "wandb"))
+    shutil.rmtree(copy / "tables")
+    shutil.rmtree(copy / "figures")
+    (copy / "report.md").unlink()
+    args = report_command(folder)
+    report.main([str(copy / args[0]), *args[1:]])
+    committed = sorted(p.relative_to(folder) for name in GENERATED for p in _files(folder / name))
+    regenerated = sorted(p.relative_to(copy) for name in GENERATED for p in _files(copy / name))
+    assert regenerated == committed
+    for rel in committed:
+        old, new = folder / rel, copy / rel
+        if rel.suffix == ".png":
+            with Image.open(old) as a, Image.open(new) as b:
+                assert a.size == b.size, rel
+        elif rel.suffix == ".pdf":
+            assert new.read_bytes().startswith(b"%PDF"), rel
+        else:
+            assert new.read_text() == old.read_text(), f"{rel} differs from the committed file"
+
+
+def _files(path: Path) -> list[Path]:
+    return [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())

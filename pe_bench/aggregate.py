@@ -30,7 +30,6 @@ from scipy import stats
 from pe_bench.errors import UserError
 
 METRICS = ("ppl", "bpb", "nll")
-MODES = ("nonoverlap", "sliding")
 
 # What "one protocol" means: records compared in one report must share these fields, because
 # a difference in any of them (other data, other eval tokens, another training length, model
@@ -59,12 +58,16 @@ def finetunes(df: pd.DataFrame) -> pd.Series:
     return df["finetune"].fillna("none")
 
 
+def with_finetune(names: pd.Series, finetune: pd.Series) -> pd.Series:
+    """``names`` with ``:finetune`` appended where the model is fine-tuned (not ``none``)."""
+    return names.where(finetune == "none", names + ":" + finetune)
+
+
 def label(df: pd.DataFrame) -> pd.Series:
     """Display name of each record: the scheme, with ``+variant`` for eval-time variants and
     ``:finetune`` for a fine-tuned model (e.g. ``rope:pi``)."""
     lab = df["scheme"].where(df["variant"] == "none", df["scheme"] + "+" + df["variant"])
-    tuned = finetunes(df)
-    return lab.where(tuned == "none", lab + ":" + tuned)
+    return with_finetune(lab, finetunes(df))
 
 
 def order_key(scheme: str, variant: str = "none", finetune: str = "none") -> tuple:
@@ -274,7 +277,7 @@ def training_curves(curve: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=columns)
     tuned = finetunes(df)
     models = df[["run_id", "scheme"]].assign(
-        finetune=tuned, label=df["scheme"].where(tuned == "none", df["scheme"] + ":" + tuned)
+        finetune=tuned, label=with_finetune(df["scheme"], tuned)
     )
     curve = curve.merge(models.drop_duplicates(), on="run_id")
     keys = curve[["label", "scheme", "finetune"]].drop_duplicates()

@@ -184,8 +184,7 @@ class Comparison:
 
     @property
     def tau(self) -> float:
-        pairs = self.agree + self.disagree
-        return (self.agree - self.disagree) / pairs if pairs else math.nan
+        return kendall_tau(self.agree, self.disagree)
 
     def sentences(self) -> list[str]:
         """Where the paper and the run agree and where they don't, in words."""
@@ -247,6 +246,12 @@ def compare(stats: pd.DataFrame, train_len: int, published: Published) -> Compar
     )
 
 
+def kendall_tau(agree: int, disagree: int) -> float:
+    """Kendall's tau of ``agree`` concordant and ``disagree`` discordant pairs; NaN for none."""
+    pairs = agree + disagree
+    return (agree - disagree) / pairs if pairs else math.nan
+
+
 def paper_sign(a: pd.Series, b: pd.Series) -> int | None:
     """-1 if the paper's a is better (lower) than b, 1 if worse, 0 for a tie, None when its
     bounds leave the order open (">1000" vs 1200, or two bounds)."""
@@ -275,7 +280,6 @@ def rank_orders(cells: pd.DataFrame) -> pd.DataFrame:
                 agree += 1
             else:
                 flipped.append((a["label"], b["label"]) if paper < 0 else (b["label"], a["label"]))
-        pairs = agree + len(flipped)
         rows.append(
             {
                 "ratio_len": ratio_len,
@@ -285,7 +289,7 @@ def rank_orders(cells: pd.DataFrame) -> pd.DataFrame:
                 "ours_order": list(at.sort_values("ours", kind="stable")["label"]),
                 "agree": agree,
                 "disagree": len(flipped),
-                "tau": (agree - len(flipped)) / pairs if pairs else math.nan,
+                "tau": kendall_tau(agree, len(flipped)),
                 "flipped": flipped,
             }
         )

@@ -152,6 +152,15 @@ def _footnote(fig: Figure, note: str) -> None:
         fig.supxlabel(note, x=0.01, ha="left", fontsize="small", color="0.3")
 
 
+def _ci_band(ax, line: pd.DataFrame, x: str, color: str) -> None:
+    """The 95% CI (``ci_low`` to ``ci_high``) of a line as a faint band, where some point of
+    it has more than one seed (``n`` > 1)."""
+    if (line["n"] > 1).any():
+        ax.fill_between(
+            line[x], line["ci_low"], line["ci_high"], color=color, alpha=0.15, linewidth=0
+        )
+
+
 def length_figure(
     stats: pd.DataFrame,
     style: dict[str, Style],
@@ -164,15 +173,7 @@ def length_figure(
     ax = fig.subplots()
     for lab, cell in stats[stats["n"] > 0].groupby("label", sort=False):
         ax.plot(cell["eval_len"], cell["mean"], label=lab, markersize=5, **style[lab].line())
-        if (cell["n"] > 1).any():
-            ax.fill_between(
-                cell["eval_len"],
-                cell["ci_low"],
-                cell["ci_high"],
-                color=style[lab].color,
-                alpha=0.15,
-                linewidth=0,
-            )
+        _ci_band(ax, cell, "eval_len", style[lab].color)
     _log2_lengths(ax, sorted(stats["eval_len"].unique()))
     _train_line(ax, train_len)
     ax.annotate(
@@ -251,15 +252,7 @@ def curve_figure(curves: pd.DataFrame, style: dict[str, Style], note: str = "") 
                 linewidth=1.2,
                 **style[lab].line(),
             )
-            if (line["n"] > 1).any():
-                ax.fill_between(
-                    line["step"],
-                    line["ci_low"],
-                    line["ci_high"],
-                    color=style[lab].color,
-                    alpha=0.15,
-                    linewidth=0,
-                )
+            _ci_band(ax, line, "step", style[lab].color)
         ax.set_title("training loss" if split == "train" else "validation loss")
         ax.set_xlabel("training step")
     axes[0].set_ylabel("loss (nats/token)")

@@ -23,15 +23,18 @@ import os
 import shlex
 import sys
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from omegaconf import OmegaConf
 
 from pe_bench import aggregate, compare, plots
-from pe_bench.aggregate import METRICS, MODES
+from pe_bench.aggregate import METRICS
 from pe_bench.errors import UserError
+from pe_bench.evaluate import MODES
 from pe_bench.plots import TITLES
 from pe_bench.results import CURVE, POSITIONS, RECORDS, atomic_write_text, load_records, read_jsonl
 
@@ -48,6 +51,17 @@ class Options:
     baseline: int | None = None  # ratio denominator length: the training length
     schemes: tuple[str, ...] = ()  # schemes or labels (rope+ntk) to keep; empty: all
     compare: str | None = None  # a published table, e.g. published/alibi_paper
+
+    def resolve(self, df: pd.DataFrame) -> Options:
+        """These options with the choices left to the records made: the mode of ``df`` (one
+        mode, from ``aggregate.prepare``) and its training length as the baseline."""
+        return Options(
+            metric=self.metric,
+            mode=str(df["mode"].iloc[0]),
+            baseline=self.baseline or training_length(df),
+            schemes=tuple(self.schemes),
+            compare=self.compare,
+        )
 
     def command(self, records: str) -> str:
         """The ``pe-bench-report`` command line that makes this report from ``records``."""
@@ -76,6 +90,11 @@ def load_rows(root: Path, name: str) -> pd.DataFrame:
     return pd.DataFrame([row for path in sorted(root.rglob(name)) for row in read_jsonl(path)])
 
 
+def training_length(df: pd.DataFrame) -> int:
+    """The training length of the records (one protocol: the same in every record)."""
+    return int(df["train_len"].dropna().iloc[0])
+
+
 def build_report(
     root: str | Path, out: str | Path | None = None, options: Options = Options(), echo: bool = True
 ) -> Report:
@@ -87,78 +106,91 @@ def build_report(
         raise UserError(f"metric {options.metric!r} is not one of {', '.join(METRICS)}")
     published = compare.load_published(options.compare) if options.compare else None
     df = aggregate.prepare(load_records(root), options.mode, options.schemes)
-    train_len = int(df["train_len"].dropna().iloc[0])
-    options = Options(
-        metric=options.metric,
-        mode=str(df["mode"].iloc[0]),
-        baseline=options.baseline or train_len,
-        schemes=tuple(options.schemes),
-        compare=options.compare,
-    )
+    options = options.resolve(df)
     report = Report(out / "report.md", options)
     stats = {metric: aggregate.seed_stats(df, metric) for metric in METRICS}
     if published is not None:
-        report.comparison = compare.compare(stats["ppl"], train_len, published)
+        report.comparison = compare.compare(stats["ppl"], training_length(df), published)
     ratio = aggregate.ratio_table(stats[options.metric], options.baseline)
-    scores = aggregate.extrapolation_scores(df)
+    report.tables = {**stats, "ratio": ratio, "score": aggregate.extrapolation_scores(df)}
+    write_tables(out / "tables", report)
     diverged = aggregate.diverged_runs(df)
+    note = diverged_note(diverged)
+    report.figures = draw_figures(out / "figures", root, df, report.tables, options, note)
+    atomic_write_text(report.path, markdown_report(root, out, df, report, diverged))
+    if echo:
+        print_summary(report, df, note)
+    return report
+
+
+def write_tables(folder: Path, report: Report) -> None:
+    """Every table of ``report`` into ``folder`` as CSV, and all but the comparison as markdown."""
+    tables = report.tables
+    for metric in METRICS:
+        write_csv(folder / f"{metric}.csv", tables[metric])
+        atomic_write_text(folder / f"{metric}.md", value_markdown(tables[metric], metric) + "\n")
+    write_csv(folder / "ratio.csv", tables["ratio"].reset_index())
+    atomic_write_text(folder / "ratio.md", ratio_markdown(tables["ratio"]) + "\n")
+    write_csv(folder / "score.csv", tables["score"])
+    atomic_write_text(folder / "score.md", score_markdown(tables["score"]) + "\n")
+    if report.comparison is not None:
+        write_csv(folder / "compare.csv", report.comparison.cells)
+
+
+def draw_figures(
+    folder: Path,
+    root: Path,
+    df: pd.DataFrame,
+    tables: dict[str, pd.DataFrame],
+    options: Options,
+    note: str,
+) -> dict[str, Path]:
+    """Draw and save the report's figures into ``folder`` (with the data behind the position
+    and training-curve figures, which read the files beside the records under ``root``);
+    returns the PNG of each figure by key, in the order the report shows them."""
+    train_len = training_length(df)
     positions = aggregate.position_loss(load_rows(root, POSITIONS), df)
     curves = aggregate.training_curves(load_rows(root, CURVE), df)
-    report.tables = {**stats, "ratio": ratio, "score": scores}
-
-    tables = out / "tables"
-    for metric, table in stats.items():
-        write_csv(tables / f"{metric}.csv", table)
-        atomic_write_text(tables / f"{metric}.md", value_markdown(table, metric) + "\n")
-    write_csv(tables / "ratio.csv", ratio.reset_index())
-    atomic_write_text(tables / "ratio.md", ratio_markdown(ratio) + "\n")
-    write_csv(tables / "score.csv", scores)
-    atomic_write_text(tables / "score.md", score_markdown(scores) + "\n")
-    if report.comparison is not None:
-        write_csv(tables / "compare.csv", report.comparison.cells)
-
     labels = aggregate.label_order(df)
     style = plots.styles(labels + [s for s in curves["label"].unique() if s not in labels])
-    note = diverged_note(diverged)
-    figures = out / "figures"
+    metric, baseline = options.metric, options.baseline
+    figures = {}
     with plots.theme():
-        report.figures["length"] = plots.save(
-            plots.length_figure(stats[options.metric], style, options.metric, train_len, note),
-            figures,
-            f"{options.metric}_vs_length",
+        figures["length"] = plots.save(
+            plots.length_figure(tables[metric], style, metric, train_len, note),
+            folder,
+            f"{metric}_vs_length",
         )
-        report.figures["ratio"] = plots.save(
-            plots.ratio_heatmap(ratio, options.metric, options.baseline, note),
-            figures,
-            "ratio_heatmap",
+        figures["ratio"] = plots.save(
+            plots.ratio_heatmap(tables["ratio"], metric, baseline, note), folder, "ratio_heatmap"
         )
         if not positions.empty:
-            write_csv(figures / "position_loss.csv", positions)
-            report.figures["positions"] = plots.save(
-                plots.position_figure(positions, style, train_len, note),
-                figures,
-                "position_loss",
+            write_csv(folder / "position_loss.csv", positions)
+            figures["positions"] = plots.save(
+                plots.position_figure(positions, style, train_len, note), folder, "position_loss"
             )
         if not curves.empty:
-            write_csv(figures / "training_curves.csv", curves)
-            report.figures["curves"] = plots.save(
-                plots.curve_figure(curves, style, note), figures, "training_curves"
+            write_csv(folder / "training_curves.csv", curves)
+            figures["curves"] = plots.save(
+                plots.curve_figure(curves, style, note), folder, "training_curves"
             )
+    return figures
 
-    text = markdown_report(root, out, df, report, diverged)
-    atomic_write_text(report.path, text)
-    if echo:
-        for metric in CONSOLE_METRICS:
-            print(f"\n{metric} by eval length ({caption(stats[metric], metric, df)}):")
-            print(value_markdown(stats[metric], metric))
-        if note:
-            print(f"† {note}")
-        if report.comparison is not None:
-            print(f"\nComparison with {report.comparison.published.cite()}:")
-            for sentence in report.comparison.sentences():
-                print(f"- {sentence}")
-        print(f"\nreport: {report.path}")
-    return report
+
+def print_summary(report: Report, df: pd.DataFrame, note: str) -> None:
+    """The console tables (perplexity, bits per byte), the diverged runs, the comparison's
+    sentences and where report.md is."""
+    for metric in CONSOLE_METRICS:
+        stats = report.tables[metric]
+        print(f"\n{metric} by eval length ({caption(stats, metric, df)}):")
+        print(value_markdown(stats, metric))
+    if note:
+        print(f"† {note}")
+    if report.comparison is not None:
+        print(f"\nComparison with {report.comparison.published.cite()}:")
+        for sentence in report.comparison.sentences():
+            print(f"- {sentence}")
+    print(f"\nreport: {report.path}")
 
 
 def write_csv(path: Path, table: pd.DataFrame) -> None:
@@ -195,8 +227,8 @@ def caption(stats: pd.DataFrame, metric: str, df: pd.DataFrame) -> str:
     how = "geometric mean over seeds" if metric == "ppl" else "mean over seeds"
     ci = " with [95% CI] from the t-distribution" if n > 1 else ""
     return (
-        f"trained at L = {one(df, 'train_len')} tokens, {one(df, 'mode')} windows, {how}{ci}, "
-        f"n = {n} seed{'s' if n != 1 else ''} per cell"
+        f"trained at L = {shared_value(df, 'train_len')} tokens, {shared_value(df, 'mode')} "
+        f"windows, {how}{ci}, n = {n} seed{'s' if n != 1 else ''} per cell"
     )
 
 
@@ -241,12 +273,13 @@ def score_markdown(scores: pd.DataFrame) -> str:
 def diverged_note(diverged: pd.DataFrame) -> str:
     """One line naming every diverged run, for figure footnotes ('' when none)."""
     runs = [
-        f"{d.label} seed {d.seed} at step {show(d.diverged_step)}" for d in diverged.itertuples()
+        f"{d.label} seed {d.seed} at step {format_value(d.diverged_step)}"
+        for d in diverged.itertuples()
     ]
     return ("diverged runs, left out: " + "; ".join(runs)) if runs else ""
 
 
-def show(value: object) -> str:
+def format_value(value: object) -> str:
     """A value as report text: integral floats without '.0', missing values as '–'."""
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return "–"
@@ -255,21 +288,22 @@ def show(value: object) -> str:
     return str(value)
 
 
-def one(df: pd.DataFrame, column: str) -> str:
-    """The value of a column that the protocol makes the same in every record."""
+def shared_value(df: pd.DataFrame, column: str) -> str:
+    """The value of a column that the protocol makes the same in every record, as report text
+    ('unknown' when absent)."""
     values = df[column].dropna() if column in df else []
-    return show(values.iloc[0]) if len(values) else "unknown"
+    return format_value(values.iloc[0]) if len(values) else "unknown"
 
 
-def count(df: pd.DataFrame, column: str) -> str:
-    """Like ``one``, with thousands separators."""
-    value = one(df, column)
+def shared_count(df: pd.DataFrame, column: str) -> str:
+    """Like ``shared_value``, with thousands separators for a whole number."""
+    value = shared_value(df, column)
     return f"{int(value):,}" if value.isdigit() else value
 
 
 def distinct(df: pd.DataFrame, column: str) -> str:
     """The distinct values of a column, sorted and comma-separated ('unknown' when absent)."""
-    values = sorted({show(v) for v in df[column].dropna()}) if column in df else []
+    values = sorted({format_value(v) for v in df[column].dropna()}) if column in df else []
     return ", ".join(values) or "unknown"
 
 
@@ -296,33 +330,61 @@ def commands(root: Path) -> list[str]:
 def markdown_report(
     root: Path, out: Path, df: pd.DataFrame, report: Report, diverged: pd.DataFrame
 ) -> str:
-    """The text of report.md."""
-    opts = report.options
-    stats, ratio, scores = (
-        report.tables[opts.metric],
-        report.tables["ratio"],
-        report.tables["score"],
-    )
-    title = TITLES[opts.metric]
-    train_len = int(df["train_len"].dropna().iloc[0])
-    lengths = ", ".join(str(n) for n in sorted(stats["eval_len"].unique()))
-    runs = df.drop_duplicates("run_id")  # per-run fields are the same in every record of a run
+    """The text of report.md: what was run, the tables, the comparison (with ``--compare``),
+    the figures, the diverged runs, the runs, provenance and how to reproduce it."""
+    runs = trained_models(df)
+    lines = [
+        f"# Length extrapolation report: {root.resolve().name}",
+        "",
+        summary_markdown(df, runs, report.options, report.tables[report.options.metric]),
+        "",
+        *tables_markdown(df, report),
+        *(comparison_markdown(report.comparison, df) if report.comparison is not None else []),
+        *figures_markdown(report, out),
+        *diverged_markdown(diverged),
+        "## Runs",
+        "",
+        runs_markdown(runs),
+        "",
+        *provenance_markdown(df, runs),
+        *reproduce_markdown(root, out, report.options),
+    ]
+    return "\n".join(lines)
+
+
+def trained_models(df: pd.DataFrame) -> pd.DataFrame:
+    """One record per run (per-run fields are the same in every record of a run), in the
+    canonical order of their scheme and fine-tune, then by seed."""
+    runs = df.drop_duplicates("run_id")
     order = [
         aggregate.order_key(scheme, "none", tuned)
         for scheme, tuned in zip(runs["scheme"], aggregate.finetunes(runs), strict=True)
     ]
-    runs = runs.assign(order=order).sort_values(["order", "seed"])
-    grid = ", ".join(str(n) for n in aggregate.score_grid(df))
-    how = caption(stats, opts.metric, df)
-    lines = [
-        f"# Length extrapolation report: {root.resolve().name}",
-        "",
+    return runs.assign(order=order).sort_values(["order", "seed"])
+
+
+def summary_markdown(
+    df: pd.DataFrame, runs: pd.DataFrame, opts: Options, stats: pd.DataFrame
+) -> str:
+    """The report's opening paragraph: the models, the training and the evaluation."""
+    lengths = ", ".join(str(n) for n in sorted(stats["eval_len"].unique()))
+    return (
         f"{len(runs)} trained models ({', '.join(dict.fromkeys(runs['scheme']))}; seeds "
-        f"{distinct(runs, 'seed')}), trained at L = {train_len} tokens on "
-        f"`{one(df, 'corpus')}` and evaluated with {opts.mode} windows of {lengths} tokens "
-        f"on the same {count(df, 'tokens')} test tokens at every length. A label "
-        "`scheme+variant` is an eval-time variant applied to the trained `scheme` checkpoint.",
-        "",
+        f"{distinct(runs, 'seed')}), trained at L = {training_length(df)} tokens on "
+        f"`{shared_value(df, 'corpus')}` and evaluated with {opts.mode} windows of {lengths} "
+        f"tokens on the same {shared_count(df, 'tokens')} test tokens at every length. A label "
+        "`scheme+variant` is an eval-time variant applied to the trained `scheme` checkpoint."
+    )
+
+
+def tables_markdown(df: pd.DataFrame, report: Report) -> list[str]:
+    """The sections of the value table (the chosen metric), the ratio table and the scores."""
+    opts = report.options
+    stats = report.tables[opts.metric]
+    title = TITLES[opts.metric]
+    how = caption(stats, opts.metric, df)
+    grid = ", ".join(str(n) for n in aggregate.score_grid(df))
+    return [
         f"## {title} by evaluation length",
         "",
         how[0].upper() + how[1:] + ".",
@@ -333,62 +395,79 @@ def markdown_report(
         "",
         f"{title} at each length divided by the same scheme's value at L = {opts.baseline}.",
         "",
-        ratio_markdown(ratio),
+        ratio_markdown(report.tables["ratio"]),
         "",
         "## Extrapolation score",
         "",
         f"Mean log-perplexity (NLL, nats/token) over the eval lengths {grid} per run, then the "
         "mean over seeds; lower is better, rank 1 is best.",
         "",
-        score_markdown(scores),
-        "",
-        *(comparison_markdown(report.comparison, df) if report.comparison is not None else []),
-        "## Figures",
+        score_markdown(report.tables["score"]),
         "",
     ]
+
+
+def figures_markdown(report: Report, out: Path) -> list[str]:
+    """The figures section: each PNG with its caption and a link to its PDF."""
+    title = TITLES[report.options.metric]
     captions = {
         "length": f"{title} vs evaluation length",
-        "ratio": f"{title} relative to L = {opts.baseline}",
+        "ratio": f"{title} relative to L = {report.options.baseline}",
         "positions": "Loss by position inside the window",
         "curves": "Training curves",
     }
+    lines = ["## Figures", ""]
     for key, png in report.figures.items():
         rel = png.relative_to(out).as_posix()
         pdf = rel.removesuffix(".png") + ".pdf"
         lines += [f"![{captions[key]}]({rel})", "", f"{captions[key]} ([PDF]({pdf})).", ""]
-    if not diverged.empty:
-        rows = [
-            [d.label, show(d.seed), d.run_id, show(d.diverged_step)] for d in diverged.itertuples()
-        ]
-        lines += [
-            "## Diverged runs",
-            "",
-            "† in a table marks a scheme with diverged runs: they have no numbers and are left "
-            "out of its means, CIs and score.",
-            "",
-            markdown_table(["scheme", "seed", "run id", "diverged at step"], rows, "lrlr"),
-            "",
-        ]
+    return lines
+
+
+def diverged_markdown(diverged: pd.DataFrame) -> list[str]:
+    """The diverged-runs section; none when no run diverged."""
+    if diverged.empty:
+        return []
+    rows = [
+        [d.label, format_value(d.seed), d.run_id, format_value(d.diverged_step)]
+        for d in diverged.itertuples()
+    ]
+    return [
+        "## Diverged runs",
+        "",
+        "† in a table marks a scheme with diverged runs: they have no numbers and are left "
+        "out of its means, CIs and score.",
+        "",
+        markdown_table(["scheme", "seed", "run id", "diverged at step"], rows, "lrlr"),
+        "",
+    ]
+
+
+def provenance_markdown(df: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
+    """The provenance section: code, corpus, model, training, hardware and dates."""
     params = sorted(int(p) for p in runs["params"].dropna()) if "params" in runs else []
     dates = sorted(df["date"].dropna()) if "date" in df else []
-    lines += [
-        "## Runs",
-        "",
-        runs_markdown(runs),
-        "",
+    return [
         "## Provenance",
         "",
         f"- code: git {distinct(df, 'git_sha')}",
-        f"- corpus: `{one(df, 'corpus')}`, sha256 {one(df, 'corpus_sha')}",
-        f"- model: d_model {one(df, 'd_model')}, {one(df, 'num_layers')} layers, "
+        f"- corpus: `{shared_value(df, 'corpus')}`, sha256 {shared_value(df, 'corpus_sha')}",
+        f"- model: d_model {shared_value(df, 'd_model')}, {shared_value(df, 'num_layers')} "
+        "layers, "
         + (f"{params[0]:,} to {params[-1]:,} parameters" if params else "parameters unknown"),
-        f"- training: {one(df, 'train_steps')} steps, {count(df, 'train_tokens')} tokens at "
-        f"L = {train_len} per run",
+        f"- training: {shared_value(df, 'train_steps')} steps, "
+        f"{shared_count(df, 'train_tokens')} tokens at L = {training_length(df)} per run",
         f"- hardware: {distinct(df, 'hardware')}; device {distinct(df, 'device')}; "
         f"torch {distinct(df, 'torch')}",
         f"- records dated {dates[0]} to {dates[-1]}" if dates else "- records undated",
         "- config hash: the suffix of each run id",
         "",
+    ]
+
+
+def reproduce_markdown(root: Path, out: Path, opts: Options) -> list[str]:
+    """The commands that made the records under ``root``, then the report in ``out``."""
+    return [
         "## Reproduce",
         "",
         "Train and evaluate (writes the records), then make this report from them:",
@@ -402,7 +481,6 @@ def markdown_report(
         "```",
         "",
     ]
-    return "\n".join(lines)
 
 
 def comparison_markdown(comparison: compare.Comparison, df: pd.DataFrame) -> list[str]:
@@ -411,42 +489,18 @@ def comparison_markdown(comparison: compare.Comparison, df: pd.DataFrame) -> lis
     cite, setup = pub.citation, pub.setup
     lengths = cells.drop_duplicates("ratio_len").sort_values("ratio_len")
     heads = [f"{r.ratio_len:.1f}x ({r.paper_len} / {r.eval_len})" for r in lengths.itertuples()]
-    mode = one(df, "mode")
+    mode = shared_value(df, "mode")
     protocol = f"{setup['protocol']} windows" + (
         f" (stride {setup['stride']})" if setup["stride"] else ""
     )
-    ours = f"{mode} windows" + (f" (stride {one(df, 'stride')})" if mode == "sliding" else "")
+    ours = f"{mode} windows" + (
+        f" (stride {shared_value(df, 'stride')})" if mode == "sliding" else ""
+    )
     differs = (
         f" The paper evaluates with {protocol}, this run with {ours}."
         if setup["protocol"] != mode
         else ""
     )
-
-    def grid(fmt) -> str:
-        rows = []
-        for (name, label), at in cells.groupby(["paper_name", "label"], sort=False):
-            by_len = {r.ratio_len: r for r in at.itertuples()}
-            row = [label, name]
-            for r in lengths.itertuples():
-                cell = by_len.get(r.ratio_len)
-                row.append(fmt(cell) if cell is not None else "–")
-            rows.append(row)
-        return markdown_table(["scheme", "in the paper", *heads], rows, "ll" + "r" * len(heads))
-
-    def values(c) -> str:
-        paper = f">{c.paper:g}" if c.paper_bound else f"{c.paper:.2f}"
-        return f"{paper} / {'–' if pd.isna(c.ours) else f'{c.ours:.2f}'}"
-
-    def ratios(c) -> str:
-        paper = "–" if pd.isna(c.paper_ratio) else compare.times(c.paper_ratio, c.paper_bound)
-        return f"{paper} / {'–' if pd.isna(c.ours_ratio) else compare.times(c.ours_ratio)}"
-
-    orders = []
-    for o, head in zip(comparison.orders.itertuples(), heads, strict=True):
-        pairs = o.agree + o.disagree
-        tau = "–" if pd.isna(o.tau) else f"{o.tau:+.2f}"
-        same = f"{o.agree} of {pairs}" if pairs else "–"
-        orders.append([head, ", ".join(o.paper_order), ", ".join(o.ours_order), same, tau])
     return [
         f"## Comparison with {pub.cite()}",
         "",
@@ -455,34 +509,72 @@ def comparison_markdown(comparison: compare.Comparison, df: pd.DataFrame) -> lis
         f"L = {pub.train_len}, {protocol}, {setup['unit']}. Numbers read from: "
         f"{cite['read_from']}",
         "",
-        f"This run: trained at L = {one(df, 'train_len')} on `{one(df, 'corpus')}`, {ours}, "
-        "perplexity per byte. Eval lengths are matched by their ratio to the training length "
-        "(column heads: ratio, the paper's length / this run's). Absolute numbers differ with "
+        f"This run: trained at L = {shared_value(df, 'train_len')} on "
+        f"`{shared_value(df, 'corpus')}`, {ours}, perplexity per byte. Eval lengths are matched "
+        "by their ratio to the training length (column heads: ratio, the paper's length / this "
+        "run's). Absolute numbers differ with "
         "model size, data and unit (a ratio of perplexities per word or subword token is about "
         "the per-byte ratio to the power of the bytes per word or token), so the comparison is "
         f"about the direction of each ratio and the rank order of the schemes.{differs}",
         "",
         "Perplexity, the paper's / this run's:",
         "",
-        grid(values),
+        comparison_grid(cells, lengths, heads, paper_and_ours_value),
         "",
         "Ratio to the training-length value, the paper's / this run's:",
         "",
-        grid(ratios),
+        comparison_grid(cells, lengths, heads, paper_and_ours_ratio),
         "",
         "Rank order at each length (best first) and how many scheme pairs both order the same "
         "way; Kendall tau = (same - reversed) / pairs, 1 when the orders agree. Pairs with a "
         "tie or a paper's bound (>) that leaves the order open are not counted.",
         "",
-        markdown_table(
-            ["length", "the paper", "this run", "pairs in the same order", "Kendall tau"],
-            orders,
-            "lllrr",
-        ),
+        rank_order_markdown(comparison.orders, heads),
         "",
         *(f"- {sentence}" for sentence in comparison.sentences()),
         "",
     ]
+
+
+def comparison_grid(
+    cells: pd.DataFrame, lengths: pd.DataFrame, heads: list[str], fmt: Callable[[Any], str]
+) -> str:
+    """A table of the compared schemes x matched lengths, each cell ``fmt`` of a row of
+    ``cells`` ('–' where the paper has no number at that length)."""
+    rows = []
+    for (name, label), at in cells.groupby(["paper_name", "label"], sort=False):
+        by_len = {r.ratio_len: r for r in at.itertuples()}
+        row = [label, name]
+        for r in lengths.itertuples():
+            cell = by_len.get(r.ratio_len)
+            row.append(fmt(cell) if cell is not None else "–")
+        rows.append(row)
+    return markdown_table(["scheme", "in the paper", *heads], rows, "ll" + "r" * len(heads))
+
+
+def paper_and_ours_value(cell: Any) -> str:
+    """``paper / ours`` perplexity of a compared cell; a paper's bound as ``>value``."""
+    paper = f">{cell.paper:g}" if cell.paper_bound else f"{cell.paper:.2f}"
+    return f"{paper} / {'–' if pd.isna(cell.ours) else f'{cell.ours:.2f}'}"
+
+
+def paper_and_ours_ratio(cell: Any) -> str:
+    """``paper / ours`` ratio to the training-length value of a compared cell."""
+    paper = "–" if pd.isna(cell.paper_ratio) else compare.times(cell.paper_ratio, cell.paper_bound)
+    ours = "–" if pd.isna(cell.ours_ratio) else compare.times(cell.ours_ratio)
+    return f"{paper} / {ours}"
+
+
+def rank_order_markdown(orders: pd.DataFrame, heads: list[str]) -> str:
+    """Both rank orders per matched length, the pairs ordered the same way and Kendall tau."""
+    rows = []
+    for o, head in zip(orders.itertuples(), heads, strict=True):
+        pairs = o.agree + o.disagree
+        tau = "–" if pd.isna(o.tau) else f"{o.tau:+.2f}"
+        same = f"{o.agree} of {pairs}" if pairs else "–"
+        rows.append([head, ", ".join(o.paper_order), ", ".join(o.ours_order), same, tau])
+    header = ["length", "the paper", "this run", "pairs in the same order", "Kendall tau"]
+    return markdown_table(header, rows, "lllrr")
 
 
 # (header, record field, format) of the runs table; fields a record lacks are left out.

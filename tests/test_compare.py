@@ -105,6 +105,13 @@ def test_rank_agreement_per_length_and_overall(comparison):
     assert comparison.missing == ["d"]
 
 
+def test_kendall_tau_of_pair_counts():
+    assert compare.kendall_tau(3, 0) == 1.0  # the same order
+    assert compare.kendall_tau(0, 3) == -1.0  # the reverse
+    assert compare.kendall_tau(2, 1) == pytest.approx(1 / 3)
+    assert math.isnan(compare.kendall_tau(0, 0))  # no pair to count
+
+
 def test_sentences_say_where_they_agree_and_where_not(comparison):
     assert comparison.sentences() == [
         "Rank order past the training length (2.0x, 4.0x): the paper and this run order 5 of 6 "

@@ -14,8 +14,7 @@ from PIL import Image
 from pe_bench import plots, report
 from pe_bench.results import write_jsonl
 
-from .helpers import CLASSIC, diverged, record
-from .test_aggregate import three_seeds
+from .helpers import CLASSIC, diverged, record, three_seeds
 
 SMOKE_LABELS = ["nope", "sinusoidal", "learned", "t5", "xl", "rope", "rope+pi", "rope+ntk", "alibi"]
 TABLES = ("ppl", "bpb", "nll", "ratio", "score")
@@ -96,10 +95,42 @@ def test_smoke_figures_have_a_series_per_label(smoke):
     assert [t.get_text() for t in fig.legends[0].get_texts()] == SMOKE_LABELS
     positions = pd.read_csv(folder / "figures" / "position_loss.csv")
     fig = plots.position_figure(positions, style, 16)
-    assert [len(ax.get_lines()) for ax in fig.axes] == [9, 10, 10]  # + training-length line
+    lengths = sorted(positions["eval_len"].unique())
+    assert [ax.get_title() for ax in fig.axes] == [f"windows of {n} tokens" for n in lengths]
+    for ax, length in zip(fig.axes, lengths, strict=True):
+        panel = positions[positions["eval_len"] == length]
+        assert plotted(ax) == {
+            lab: (line["position"].tolist(), line["loss"].tolist())
+            for lab, line in panel.groupby("label", sort=False)
+        }
+        assert list(plotted(ax)) == SMOKE_LABELS
+        # the dotted training-length line, in the panels longer than the training length
+        assert unlabelled_xs(ax) == ([[16, 16]] if length > 16 else [])
     curves = pd.read_csv(folder / "figures" / "training_curves.csv")
     fig = plots.curve_figure(curves, style)
-    assert [len(ax.get_lines()) for ax in fig.axes] == [7, 7]
+    assert [ax.get_title() for ax in fig.axes] == ["training loss", "validation loss"]
+    for ax, split in zip(fig.axes, ["train", "valid"], strict=True):
+        at = curves[curves["split"] == split]
+        assert plotted(ax) == {
+            lab: (line["step"].tolist(), line["mean"].tolist())
+            for lab, line in at.groupby("label", sort=False)
+        }
+        assert list(plotted(ax)) == CLASSIC
+        assert unlabelled_xs(ax) == []
+
+
+def plotted(ax) -> dict[str, tuple[list, list]]:
+    """label -> (x, y) of every labelled line of ``ax``, in drawing order."""
+    return {
+        line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+        for line in ax.get_lines()
+        if not line.get_label().startswith("_")
+    }
+
+
+def unlabelled_xs(ax) -> list[list]:
+    """The x data of the lines without a label (reference lines)."""
+    return [list(line.get_xdata()) for line in ax.get_lines() if line.get_label().startswith("_")]
 
 
 def test_options_metric_schemes_and_out(smoke, tmp_path, capsys):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -18,18 +20,40 @@ def test_atomic_write_replaces_whole_file(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["records.jsonl"]  # no temp files left
 
 
-def test_failed_write_keeps_the_old_file(tmp_path):
+def test_new_file_is_complete_before_it_replaces_the_old(tmp_path, monkeypatch):
+    """The target is never written in place: up to the one ``os.replace`` it holds the old
+    text, and the file that replaces it, beside it, already holds the whole new text."""
+    path = tmp_path / "records.jsonl"
+    atomic_write_text(path, "old\n")
+    seen = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        seen.append((Path(src).parent, Path(dst), path.read_text(), Path(src).read_text()))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    write_jsonl(path, [{"x": 1}, {"x": 2}])
+    assert seen == [(tmp_path, path, "old\n", '{"x": 1}\n{"x": 2}\n')]
+    assert path.read_text() == '{"x": 1}\n{"x": 2}\n'
+
+
+@pytest.mark.parametrize("step", ["fsync", "replace"])
+def test_failed_write_keeps_the_old_file(tmp_path, monkeypatch, step):
+    """A write that fails inside the writer (disk full at fsync, or at the rename) leaves the
+    old file whole and no temporary file behind."""
     path = tmp_path / "records.jsonl"
     atomic_write_text(path, "old\n")
 
-    class Boom:
-        def __str__(self):
-            raise RuntimeError("boom")
+    def fail(*args):
+        raise OSError(28, f"no space left on device ({step})")
 
-    with pytest.raises(TypeError):
-        write_jsonl(path, [{"x": Boom()}])
+    monkeypatch.setattr(os, step, fail)
+    with pytest.raises(OSError, match=rf"no space left on device \({step}\)"):
+        write_jsonl(path, [{"x": 1}])
+    monkeypatch.undo()
     assert path.read_text() == "old\n"
-    assert len(list(tmp_path.iterdir())) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["records.jsonl"]
 
 
 def test_load_records_from_nested_runs(tmp_path):

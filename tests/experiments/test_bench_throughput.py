@@ -41,6 +41,9 @@ def test_benchmark_writes_rates_mfu_and_a_step_profile(bench, tmp_path, capsys):
     assert printed.count("ours step profile (ms): matmul") == 2
 
 
-def test_profile_is_refused_off_cpu(bench):
-    with pytest.raises(SystemExit):
+def test_profile_is_refused_off_cpu(bench, capsys):
+    with pytest.raises(SystemExit) as exit_:
         bench.main(["--device", "cuda", "--profile", "--no-x-transformers"])
+    assert exit_.value.code == 2  # argparse's usage error
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.endswith("error: --profile breaks down CPU steps; use --device cpu")

@@ -17,8 +17,10 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +32,10 @@ from tqdm.auto import tqdm
 from pe_bench.errors import UserError
 from pe_bench.model import GPT
 from pe_bench.positions import PositionScheme
-from pe_bench.train import autocast
+from pe_bench.results import RECORD_KEY, peak_memory_mb, reset_peak_memory
+from pe_bench.train import autocast, swap_scheme
+
+log = logging.getLogger(__name__)
 
 MODES = ("nonoverlap", "sliding")
 
@@ -181,17 +186,116 @@ def score(
 
 
 @contextlib.contextmanager
-def scheme_swapped(model: GPT, scheme: PositionScheme):
+def scheme_swapped(model: GPT, scheme: PositionScheme | None):
     """Evaluate ``model`` with ``scheme`` in place of its own (eval-time variants), carrying
-    over the trained scheme's parameters, and put the original back afterwards."""
-    original = model.pe
-    scheme.load_state_dict(original.state_dict())
-    model.pe = scheme.to(next(model.parameters()).device)
+    over the trained scheme's parameters, and put the original back afterwards; ``None``
+    keeps the model's own."""
+    if scheme is None:
+        yield model
+        return
+    original = swap_scheme(model, scheme)
     try:
         yield model
     finally:
         model.pe = original
 
 
-def bits_per_byte(nll: float, bytes_per_token: float = 1.0) -> float:
-    return nll / math.log(2) / bytes_per_token
+@dataclass(frozen=True)
+class EvalTask:
+    """One record to compute: a scheme (the model's own or a variant) at one length and mode."""
+
+    variant: str  # "none" for the model's own scheme, else the key in eval.variants
+    variant_hash: str  # hash of the variant's config ("" for none): a changed variant recomputes
+    scheme: PositionScheme | None  # evaluated in place of the model's own; None: the model's own
+    eval_len: int
+    mode: str
+    stride: int
+
+    def key(self, tokens: int) -> tuple:
+        """The record key's values (``RECORD_KEY``) for ``tokens`` scored targets."""
+        return (self.variant, self.variant_hash, self.eval_len, self.mode, self.stride, tokens)
+
+    def fields(self, tokens: int) -> dict[str, Any]:
+        return dict(zip(RECORD_KEY, self.key(tokens), strict=True))
+
+
+def eval_tasks(
+    schemes: Iterable[tuple[str, str, PositionScheme | None]],
+    lengths: list[int],
+    cfg: EvalConfig,
+    train_len: int,
+) -> list[EvalTask]:
+    """Every (variant, length, mode) of ``schemes`` (variant key, variant hash, scheme)."""
+    tasks = []
+    for variant, variant_hash, scheme in schemes:
+        for length in lengths:
+            for mode in cfg.modes:
+                stride = cfg.stride_for(mode, length, train_len)
+                tasks.append(EvalTask(variant, variant_hash, scheme, length, mode, stride))
+    return tasks
+
+
+@dataclass
+class Scored:
+    """The outcome of one ``EvalTask``: its result, or why there is none."""
+
+    task: EvalTask
+    label: str  # e.g. rope+pi:ft
+    result: EvalResult | None = None
+    skipped: str = ""  # the reason there is no result
+    time_s: float = 0.0
+    peak_mem_mb: float = 0.0
+
+
+def evaluate_tasks(
+    model: GPT,
+    tasks: list[EvalTask],
+    stream: Tensor,
+    batch_tokens: int,
+    device: torch.device,
+    scheme_name: str,
+    suffix: str = "",
+) -> Iterator[Scored]:
+    """Score each task with ``model`` (a variant swapped in for its own scheme), one at a time.
+
+    A length that does not fit in memory is skipped with the reason; the others go on. Labels
+    are ``<scheme_name>[+<variant>]<suffix>`` (a fine-tune's suffix is ``:<key>``).
+    """
+    for task in tasks:
+        variant = "" if task.variant == "none" else f"+{task.variant}"
+        name = scheme_name + variant + suffix
+        start = time.perf_counter()
+        reset_peak_memory(device)
+        try:
+            with scheme_swapped(model, task.scheme):
+                result = score(
+                    model,
+                    stream,
+                    task.eval_len,
+                    task.mode,
+                    task.stride,
+                    batch_tokens,
+                    device,
+                    desc=f"eval {name} L={task.eval_len}",
+                )
+        except OUT_OF_MEMORY as err:
+            if not is_out_of_memory(err):
+                raise
+            reason = f"out of memory at L={task.eval_len}: {str(err).splitlines()[0][:200]}"
+            log.error("%s: %s; recorded as skipped", name, reason)
+            yield Scored(task, name, skipped=reason)
+            continue
+        elapsed = round(time.perf_counter() - start, 3)
+        yield Scored(task, name, result, "", elapsed, round(peak_memory_mb(device), 1))
+
+
+# What running out of memory raises: CUDA's OutOfMemoryError, Python's MemoryError, and on CPU
+# a plain RuntimeError from the allocator (torch 2.13: "DefaultCPUAllocator: can't allocate
+# memory"), the one case that only its message tells apart.
+OUT_OF_MEMORY = (torch.OutOfMemoryError, MemoryError, RuntimeError)
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    if isinstance(err, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return "DefaultCPUAllocator: can't allocate memory" in str(err)

@@ -1,9 +1,11 @@
 """Records: one JSON line per (run, variant, eval length, mode), written atomically.
 
 Each run directory holds ``records.jsonl`` (the numbers), ``positions.jsonl`` (per-position
-loss per eval length) and ``curve.jsonl`` (training curve). Files are rewritten whole through a
-temporary file and ``os.replace``, so a crash leaves the old file or the new one, never a
-half line. ``load_records`` reads every ``records.jsonl`` under a folder into one DataFrame.
+loss per eval length) and ``curve.jsonl`` (training curve); ``pe_bench.store.RunStore`` owns
+them. ``make_record`` builds every record and ``RECORD_KEY`` names what identifies one. Files
+are rewritten whole through a temporary file and ``os.replace``, so a crash leaves the old file
+or the new one, never a half line. ``load_records`` reads every ``records.jsonl`` under a
+folder into one DataFrame.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import math
 import os
 import platform
 import subprocess
@@ -20,6 +23,7 @@ import warnings
 from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import torch
@@ -32,32 +36,40 @@ RECORDS = "records.jsonl"
 POSITIONS = "positions.jsonl"
 CURVE = "curve.jsonl"
 
-# The fields every record has (design.md); a record may carry more.
-FIELDS = (
-    "run_id",
-    "scheme",
-    "variant",
-    "seed",
-    "train_len",
-    "eval_len",
-    "mode",
-    "stride",
-    "nll",
-    "ppl",
-    "bpb",
-    "tokens",
-    "params",
-    "pe_params",
-    "train_tokens",
-    "corpus",
-    "corpus_sha",
-    "config_hash",
-    "git_sha",
-    "torch",
-    "device",
-    "time_s",
-    "peak_mem_mb",
-)
+# A record's identity within its run (with its ``run_id``): a record with the same run id and
+# the same values of these fields is the same measurement, computed once.
+RECORD_KEY = ("variant", "variant_hash", "eval_len", "mode", "stride", "tokens")
+
+
+def record_key(record: dict) -> tuple:
+    """The values of ``RECORD_KEY`` in ``record``, run id first."""
+    return (record.get("run_id"), *(record.get(f) for f in RECORD_KEY))
+
+
+def make_record(
+    run: dict[str, Any],
+    key: dict[str, Any],
+    status: str,
+    nll: float | None = None,
+    bytes_per_token: float = 1.0,
+    **details: Any,
+) -> dict[str, Any]:
+    """Every record pe-bench writes: the run's fields, the key's, the status, the numbers.
+
+    ``status`` is ``ok`` (``nll`` given; ``details`` are costs such as ``time_s``), ``skipped``
+    (``reason``) or ``diverged`` (``diverged_step``); the numbers are null unless ok.
+    """
+    numbers = {"nll": None, "ppl": None, "bpb": None}
+    if nll is not None:
+        numbers = {"nll": nll, "ppl": math.exp(nll), "bpb": bits_per_byte(nll, bytes_per_token)}
+    if status == "ok":
+        return {**run, **key, "status": status, **numbers, **details}
+    return {**run, **key, "status": status, **details, **numbers}
+
+
+def bits_per_byte(nll: float, bytes_per_token: float = 1.0) -> float:
+    """Nats per token -> bits per byte of text."""
+    return nll / math.log(2) / bytes_per_token
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -7,6 +7,7 @@ scheme is trained on the same batches in the same order, from the same trunk ini
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import logging
 import math
@@ -26,6 +27,7 @@ from pe_bench.data import Corpus, sample_batch
 from pe_bench.distributed import World
 from pe_bench.errors import UserError
 from pe_bench.model import GPT
+from pe_bench.positions import PositionScheme
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +105,16 @@ class TrainResult:
     curve: list[dict] = field(default_factory=list)  # {"step", "loss", "lr"} and val points
     final_loss: float = float("nan")
     final_val_loss: float = float("nan")
-    tokens: int = 0
     time_s: float = 0.0
+
+
+def swap_scheme(model: GPT, scheme: PositionScheme) -> PositionScheme:
+    """Put ``scheme`` in place of ``model``'s own, carrying over the trained scheme's parameters
+    (eval-time variants, fine-tunes with another scheme); returns the scheme it replaced."""
+    original = model.pe
+    scheme.load_state_dict(original.state_dict())
+    model.pe = scheme.to(next(model.parameters()).device)
+    return original
 
 
 def resolve_device(name: str) -> torch.device:
@@ -173,7 +183,6 @@ class Diverged(RuntimeError):
     def __init__(self, step: int, loss: float) -> None:
         super().__init__(f"training diverged: loss {loss} at step {step}")
         self.step = step
-        self.loss = loss
 
 
 def save_checkpoint(path: Path, state: dict) -> None:
@@ -220,27 +229,14 @@ def fit(
     through DistributedDataParallel, and rank 0 alone writes the checkpoint.
     """
     world = world or World()
-    model.to(device).train()
-    if device.type == "cuda":  # TF32 matmuls: the usual trade on Ampere and later
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    step_model: nn.Module = model
-    if world.size > 1:
-        ids = [device.index] if device.type == "cuda" else None
-        step_model = DistributedDataParallel(model, device_ids=ids)
-    if cfg.compile:
-        step_model = torch.compile(step_model)
+    step_model = _step_model(model, cfg, device, world)
     rows = world.batch_slice(cfg.batch_size)
     optimizer = make_optimizer(model, cfg)
     generator = torch.Generator().manual_seed(cfg.seed)
-    result = TrainResult()
-    first_step, elapsed = 0, 0.0
+    result, first_step, elapsed = TrainResult(), 0, 0.0
     state = load_checkpoint(checkpoint, fingerprint) if checkpoint and resume else None
     if state:
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        generator.set_state(state["generator"])
-        torch.set_rng_state(state["torch_rng"])
+        _restore(state, model, optimizer, generator)
         result.curve, first_step, elapsed = state["curve"], state["step"], state["elapsed"]
         log.info("%s: resumed at step %d of %d from %s", desc, first_step, cfg.steps, checkpoint)
     start = time.perf_counter()
@@ -277,31 +273,87 @@ def fit(
         if not math.isfinite(loss_value):
             raise Diverged(done, loss_value)
         if log_now:
-            point = {"step": done, "loss": loss_value, "lr": lr}
-            if done == cfg.steps or (cfg.val_every and done % cfg.val_every == 0):
-                point["val_loss"] = validation_loss(model, corpus, cfg, device)
+            point = _curve_point(model, corpus, cfg, device, done, loss_value, lr)
             result.curve.append(point)
             bar.set_postfix(loss=f"{loss_value:.3f}")
             if on_log:
                 on_log(point)
         if save_now and world.main:
-            save_checkpoint(
-                checkpoint,
-                {
-                    "fingerprint": fingerprint,
-                    "step": done,
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "generator": generator.get_state(),
-                    "torch_rng": torch.get_rng_state(),
-                    "curve": result.curve,
-                    "elapsed": elapsed + time.perf_counter() - start,
-                },
-            )
+            spent = elapsed + time.perf_counter() - start
+            state = _training_state(model, optimizer, generator, done, result.curve, spent)
+            save_checkpoint(checkpoint, {"fingerprint": fingerprint, **state})
+    return _finished(result, cfg, elapsed + time.perf_counter() - start, desc)
+
+
+def _step_model(model: GPT, cfg: TrainConfig, device: torch.device, world: World) -> nn.Module:
+    """``model`` on ``device`` in training mode, as the training step calls it: wrapped in DDP
+    across processes, compiled with ``train.compile``."""
+    model.to(device).train()
+    if device.type == "cuda":  # TF32 matmuls: the usual trade on Ampere and later
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    step_model: nn.Module = model
+    if world.size > 1:
+        ids = [device.index] if device.type == "cuda" else None
+        step_model = DistributedDataParallel(model, device_ids=ids)
+    if cfg.compile:
+        step_model = torch.compile(step_model)
+    return step_model
+
+
+def _curve_point(
+    model: GPT,
+    corpus: Corpus,
+    cfg: TrainConfig,
+    device: torch.device,
+    done: int,
+    loss: float,
+    lr: float,
+) -> dict[str, float]:
+    """A training-curve point after ``done`` steps, with the validation loss when it is due."""
+    point = {"step": done, "loss": loss, "lr": lr}
+    if done == cfg.steps or (cfg.val_every and done % cfg.val_every == 0):
+        point["val_loss"] = validation_loss(model, corpus, cfg, device)
+    return point
+
+
+def _training_state(
+    model: GPT,
+    optimizer: torch.optim.Optimizer,
+    generator: torch.Generator,
+    step: int,
+    curve: list[dict],
+    elapsed: float,
+) -> dict[str, Any]:
+    """Everything a resumed run needs to continue bitwise as if it had not stopped."""
+    return {
+        "step": step,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "generator": generator.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "curve": curve,
+        "elapsed": elapsed,
+    }
+
+
+def _restore(
+    state: dict[str, Any],
+    model: GPT,
+    optimizer: torch.optim.Optimizer,
+    generator: torch.Generator,
+) -> None:
+    """Put a checkpoint's training state back (``_training_state`` in reverse)."""
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    generator.set_state(state["generator"])
+    torch.set_rng_state(state["torch_rng"])
+
+
+def _finished(result: TrainResult, cfg: TrainConfig, time_s: float, desc: str) -> TrainResult:
     result.final_loss = result.curve[-1]["loss"]
     result.final_val_loss = result.curve[-1]["val_loss"]
-    result.tokens = cfg.steps * cfg.batch_size * cfg.seq_len
-    result.time_s = elapsed + time.perf_counter() - start
+    result.time_s = time_s
     log.info(
         "%s: %d steps in %.1f s, final loss %.4f, val loss %.4f",
         desc,
@@ -311,3 +363,19 @@ def fit(
         result.final_val_loss,
     )
     return result
+
+
+def finetune(
+    model: GPT,
+    scheme: PositionScheme,
+    corpus: Corpus,
+    cfg: TrainConfig,
+    device: torch.device,
+    **fit_args: Any,
+) -> tuple[GPT, TrainResult]:
+    """A copy of the trained ``model`` trained further with ``cfg`` (a ``FinetuneConfig``'s
+    ``train_config``) and ``scheme``; the trained model stays as it is. ``fit_args`` go to
+    ``fit`` (checkpoint, fingerprint, world, resume)."""
+    tuned = copy.deepcopy(model)
+    swap_scheme(tuned, scheme)
+    return tuned, fit(tuned, corpus, cfg, device, **fit_args)

@@ -1,16 +1,19 @@
-"""Shared fixtures: seeded randomness, tiny dimensions, the smoke experiment."""
+"""Shared fixtures: seeded randomness, tiny dimensions, the real config shrunk, the smoke
+experiment. Helpers that are not fixtures live in ``tests/helpers.py``."""
 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import DictConfig
 
 from pe_bench.positions import ModelDims
 
-from .helpers import pe_bench
+from .helpers import TINY, compose, pe_bench
 
 
 @pytest.fixture(autouse=True)
@@ -28,3 +31,10 @@ def smoke(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     """``pe-bench experiment=smoke`` once per session: (process, its output folder)."""
     out = tmp_path_factory.mktemp("smoke")
     return pe_bench("experiment=smoke", out=out), out / "smoke"
+
+
+@pytest.fixture
+def tiny_config() -> Callable[..., DictConfig]:
+    """The real Hydra config shrunk to a run that takes a second (``TINY``): call it with
+    more overrides, e.g. ``tiny_config("pe=alibi")``, and pass the result to ``cli.run``."""
+    return lambda *overrides: compose(*TINY, *overrides)

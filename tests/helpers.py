@@ -12,6 +12,10 @@ from pathlib import Path
 
 import pandas as pd
 import torch
+from hydra import compose as hydra_compose
+from hydra import initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig
 from PIL import Image
 
 from pe_bench import aggregate, report
@@ -89,6 +93,19 @@ TINY = [
     "eval.factors=[1,2,4]",
     "eval.tokens=256",
 ]
+
+
+def compose(*overrides: str, hydra: bool = False) -> DictConfig:
+    """The real config (``conf/``) composed with ``overrides``, as ``pe-bench`` would run it;
+    ``hydra=True`` keeps the hydra node (an experiment's sweep lives in hydra.sweeper.params)."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(version_base="1.3", config_module="pe_bench.conf"):
+            return hydra_compose(
+                config_name="config", overrides=list(overrides), return_hydra_config=hydra
+            )
+    finally:
+        GlobalHydra.instance().clear()
 
 
 def pe_bench(

@@ -23,6 +23,7 @@ def records(folder: Path) -> list[dict]:
     return [json.loads(line) for line in open(folder / "records.jsonl")]
 
 
+@pytest.mark.slow
 def test_ddp_on_two_processes_matches_one(tmp_path):
     cli = ["-m", "pe_bench.cli", *RUN]
     one = subprocess.run(
@@ -66,6 +67,7 @@ def test_global_batch_is_split_between_ranks():
         World(rank=0, size=4).batch_slice(30)
 
 
+@pytest.mark.slow
 def test_sweep_through_the_submitit_local_launcher(tmp_path):
     proc = pe_bench(
         "-m", "hydra/launcher=submitit_local", "pe=rope,alibi", *TINY, "name=sub", out=tmp_path

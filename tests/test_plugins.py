@@ -34,6 +34,7 @@ def doc_commands() -> list[str]:
     return [line.replace("$PWD", str(ROOT)) for line in lines]
 
 
+@pytest.mark.slow
 def test_doc_commands_run_and_the_report_shows_the_plugin_next_to_built_ins(tmp_path):
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
     bin_dir = Path(sys.executable).parent
@@ -121,6 +122,7 @@ def test_entry_point_that_does_not_load(tmp_path, monkeypatch):
         scheme_class("bad_pe")
 
 
+@pytest.mark.slow
 def test_yaml_free_plugin_run(tmp_path):
     """``+pe.plugin`` with an option-free YAML's name replaced: no config file of one's own."""
     env = {**os.environ, "PYTHONPATH": str(EXAMPLE), "HYDRA_FULL_ERROR": "0"}

@@ -24,5 +24,6 @@ def test_committed_report_regenerates(folder, tmp_path):
     assert_regenerates(folder, tmp_path)
 
 
+@pytest.mark.slow
 def test_smoke_report_regenerates(smoke, tmp_path):
     assert_regenerates(smoke[1], tmp_path)

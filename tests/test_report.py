@@ -50,6 +50,7 @@ def write_runs(folder: Path, rows: list[dict]) -> None:
         write_jsonl(folder / run_id / "records.jsonl", [r for r in rows if r["run_id"] == run_id])
 
 
+@pytest.mark.slow
 def test_smoke_report_end_to_end(smoke):
     proc, folder = smoke
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -87,6 +88,7 @@ def test_smoke_report_end_to_end(smoke):
     )
 
 
+@pytest.mark.slow
 def test_smoke_figures_have_a_series_per_label(smoke):
     folder = smoke[1]
     style = plots.styles(SMOKE_LABELS)
@@ -133,6 +135,7 @@ def unlabelled_xs(ax) -> list[list]:
     return [list(line.get_xdata()) for line in ax.get_lines() if line.get_label().startswith("_")]
 
 
+@pytest.mark.slow
 def test_options_metric_schemes_and_out(smoke, tmp_path, capsys):
     report.main(
         [str(smoke[1]), "--metric", "bpb", "--schemes", "rope", "alibi", "--out", str(tmp_path)]

@@ -36,6 +36,7 @@ def test_bad_logger_settings(tmp_path):
         tracking.start({"name": "wandb", "mode": "offlne"}, folder=tmp_path, **START)
 
 
+@pytest.mark.slow
 def test_offline_sweep_logs_curves_records_and_report(tmp_path):
     pytest.importorskip("wandb")
     proc = pe_bench(

@@ -1,0 +1,203 @@
+"""What a run will do, decided before any data is read or any model is trained.
+
+``plan(cfg)`` parses the composed Hydra config once into typed configs (``RunConfig``), checks
+everything that can be refused (an unknown scheme or option, a length a scheme cannot serve, a
+bad data config, a fine-tune of a wrong value) and lists the records the run owes: the trained
+model's evaluation tasks (its own scheme and every eval-time variant that applies to it) and
+each fine-tune's. The model itself is built only when the run needs it (``Plan.build_model``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from pe_bench.config import config_hash, from_node, to_dict
+from pe_bench.data import check_config
+from pe_bench.errors import UserError
+from pe_bench.evaluate import EvalConfig, EvalTask, eval_tasks
+from pe_bench.model import GPT, ModelConfig, build_model, check_attention
+from pe_bench.positions import PositionScheme, build_scheme, scheme_class
+from pe_bench.train import FinetuneConfig, TrainConfig, resolve_device
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The composed config, parsed once: typed where pe-bench reads it, plain where a scheme or
+    data source does."""
+
+    model: ModelConfig
+    train: TrainConfig
+    eval: EvalConfig
+    pe: dict[str, Any]
+    data: dict[str, Any]
+    finetunes: dict[str, FinetuneConfig]
+    resolved: dict[str, Any]  # the whole config as plain values
+    yaml: str  # what config.yaml in the job folder holds
+    run_hash: str  # identifies the trained model (see ``RunConfig.parse``)
+    name: str = "default"
+    force: bool = False
+    logger: Any = None
+
+    @classmethod
+    def parse(cls, cfg: DictConfig) -> RunConfig:
+        if "hydra" in cfg:  # composed with return_hydra_config: the run's own config only
+            cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+        resolved = to_dict(cfg)
+        pe = resolved.get("pe")
+        if not isinstance(pe, dict) or "name" not in pe:
+            raise UserError("pe must be a scheme config with a name; pick one with pe=<name>")
+        finetunes = resolved.get("finetunes") or {}
+        # The trained model's identity: architecture, scheme, data and training; how attention
+        # is computed is left out (the numbers are the same either way). Each part enters the
+        # hash as its config node's str() (its keys in config order, interpolations as
+        # written), as every run id so far was made: a change here renames every stored run.
+        arch = OmegaConf.masked_copy(cfg.model, [k for k in cfg.model if k != "attention"])
+        parts = {"model": arch, "pe": cfg.pe, "data": cfg.data, "train": cfg.train}
+        return cls(
+            model=from_node(ModelConfig, resolved.get("model"), "model"),
+            train=from_node(TrainConfig, resolved.get("train"), "train"),
+            eval=from_node(EvalConfig, resolved.get("eval"), "eval"),
+            pe=pe,
+            data=resolved.get("data"),
+            finetunes={
+                k: from_node(FinetuneConfig, v, f"finetunes.{k}") for k, v in finetunes.items()
+            },
+            resolved=resolved,
+            yaml=OmegaConf.to_yaml(cfg, resolve=True),
+            run_hash=config_hash(parts),
+            name=str(resolved.get("name", "default")),
+            force=bool(resolved.get("force", False)),
+            logger=resolved.get("logger"),
+        )
+
+
+@dataclass(frozen=True)
+class Finetune:
+    """One fine-tuning of the trained model (``finetunes.<key>``) and the records it owes."""
+
+    key: str
+    config_hash: str  # of the fine-tune's config: a changed fine-tune retrains and recomputes
+    train: TrainConfig  # the fine-tuning's own training settings
+    scheme: PositionScheme  # the scheme it fine-tunes and evaluates with
+    tasks: list[EvalTask]
+    run_id: str
+
+    def record_fields(self) -> dict[str, Any]:
+        """What a fine-tuned model's records add to (or change in) the trained model's."""
+        return {
+            "run_id": self.run_id,
+            "finetune": self.key,
+            "finetune_pe": self.scheme.name,
+            "finetune_len": self.train.seq_len,
+            "finetune_steps": self.train.steps,
+            "finetune_tokens": self.train.steps * self.train.batch_size * self.train.seq_len,
+            "finetune_lr": self.train.lr,
+            "config_hash": self.config_hash,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    cfg: RunConfig
+    scheme: PositionScheme  # the trained scheme, as planned (the model builds its own)
+    run_hash: str
+    device: torch.device
+    tasks: list[EvalTask]  # of the trained model
+    n_targets: int  # eval targets, the same at every length
+    finetunes: list[Finetune]
+
+    @property
+    def run_id(self) -> str:
+        return f"{self.scheme.name}-{self.run_hash}"
+
+    @property
+    def run_ids(self) -> list[str]:
+        """The trained model's run id, then each fine-tune's."""
+        return [self.run_id, *(ft.run_id for ft in self.finetunes)]
+
+    def owed(self) -> list[tuple[str, list[EvalTask]]]:
+        """(run id, its evaluation tasks): the trained model's, then each fine-tune's."""
+        return [(self.run_id, self.tasks), *((ft.run_id, ft.tasks) for ft in self.finetunes)]
+
+    def build_model(self) -> GPT:
+        """The model to train: seeded, the same trunk for every scheme (``build_model``)."""
+        cfg = self.cfg
+        return build_model(cfg.model, cfg.pe, cfg.train.seq_len, cfg.train.seed)
+
+
+def plan(cfg: DictConfig | RunConfig) -> Plan:
+    """Parse and check the config and list the evaluations; refuses anything that cannot be
+    served, before any data is read or any training."""
+    run_cfg = cfg if isinstance(cfg, RunConfig) else RunConfig.parse(cfg)
+    train_len = run_cfg.train.seq_len
+    check_config(run_cfg.data)
+    device = resolve_device(run_cfg.train.device)
+    check_attention(run_cfg.model, device)
+    scheme = _built(run_cfg.pe, run_cfg)
+    if scheme.variant_of:
+        raise UserError(
+            f"pe={scheme.name} is an eval-time variant of {scheme.variant_of}: train "
+            f"pe={scheme.variant_of}; its runs evaluate eval.variants ({scheme.name} "
+            "included by default)"
+        )
+    lengths = run_cfg.eval.eval_lengths(train_len)
+    schemes = [("none", "", scheme), *_variants(run_cfg, scheme)]
+    for _, _, each in schemes:
+        for length in lengths:
+            each.check_length(length)
+    # The trained scheme's tasks evaluate the model's own scheme (None), not the planned copy.
+    evaluated = [(key, digest, None if key == "none" else s) for key, digest, s in schemes]
+    tasks = eval_tasks(evaluated, lengths, run_cfg.eval, train_len)
+    run_hash = run_cfg.run_hash
+    finetunes = _finetunes(run_cfg, scheme, lengths, f"{scheme.name}-{run_hash}")
+    n_targets = run_cfg.eval.n_targets(lengths)
+    return Plan(run_cfg, scheme, run_hash, device, tasks, n_targets, finetunes)
+
+
+def _built(pe_cfg: dict[str, Any], cfg: RunConfig) -> PositionScheme:
+    """A scheme built for this model, leaving the global random stream as it was."""
+    with torch.random.fork_rng(devices=[]):
+        return build_scheme(pe_cfg, cfg.model.dims(cfg.train.seq_len))
+
+
+def _variants(cfg: RunConfig, trained: PositionScheme) -> list[tuple[str, str, PositionScheme]]:
+    """(variant key, config hash, scheme) of every eval-time variant that applies to the trained
+    scheme (its ``variant_of`` names it); the others are left out."""
+    variants = []
+    for key, variant_cfg in (cfg.eval.variants or {}).items():
+        cls = scheme_class(variant_cfg.get("name", ""))
+        if cls.variant_of is None:
+            raise UserError(
+                f"eval.variants.{key}: {cls.name!r} is a trainable scheme, not an eval-time "
+                "variant; use pe=" + cls.name
+            )
+        if cls.variant_of == trained.name:
+            variants.append((key, config_hash(variant_cfg), _built(variant_cfg, cfg)))
+    return variants
+
+
+def _finetunes(
+    cfg: RunConfig, trained: PositionScheme, lengths: list[int], run_id: str
+) -> list[Finetune]:
+    """The fine-tunes that apply to the trained scheme (with it, or with a variant of it)."""
+    finetunes = []
+    for key, ft_cfg in cfg.finetunes.items():
+        train = ft_cfg.train_config(cfg.train)  # refuses bad values now, not after training
+        scheme = _built(ft_cfg.pe or cfg.pe, cfg)
+        if trained.name not in (scheme.name, scheme.variant_of):
+            log.info("finetunes.%s (%s) does not apply to %s", key, scheme.name, trained.name)
+            continue
+        for length in lengths:
+            scheme.check_length(length)
+        # A fine-tuned model is evaluated as it was fine-tuned: no eval-time variants.
+        tasks = eval_tasks([("none", "", None)], lengths, cfg.eval, cfg.train.seq_len)
+        ft_hash = config_hash(cfg.resolved["finetunes"][key])
+        finetunes.append(Finetune(key, ft_hash, train, scheme, tasks, f"{run_id}:{key}-{ft_hash}"))
+    return finetunes

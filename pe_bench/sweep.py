@@ -1,0 +1,115 @@
+"""Hydra callback for sweeps: progress (job k of n, elapsed, ETA) and the report at the end.
+
+``conf/config.yaml`` registers ``SweepCallback``; it runs in the process that launches the jobs
+(and, under a parallel launcher, in each job's worker too). A job that stopped on bad input
+leaves ``error.txt`` in its folder: the sweep goes on, then names every failed job and exits 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from pe_bench import tracking
+from pe_bench.distributed import rank_from_env
+from pe_bench.errors import UserError
+
+log = logging.getLogger("pe_bench")
+
+FAILED = "error.txt"  # written into a job folder when the job stopped on bad input
+DONE = ".done"  # touched in a job folder when the job ends: sweep progress across processes
+
+
+def sweep_size(config: DictConfig) -> int | None:
+    """Number of jobs in a sweep: the product of the sweep overrides' lengths (None if unknown)."""
+    try:
+        params = dict(config.hydra.sweeper.get("params") or {})
+        overrides = list(config.hydra.overrides.task)
+        given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+        overrides += [f"{k}={v}" for k, v in params.items() if k not in given]
+        total = 1
+        for override in OverridesParser.create().parse_overrides(overrides):
+            if override.is_sweep_override():
+                total *= len(list(override.sweep_iterator()))
+        return total
+    except Exception:  # an unusual sweeper: progress is a nicety, never a failure
+        return None
+
+
+class SweepCallback(Callback):
+    """Hydra callback: sweep progress (job k of n, elapsed, ETA) and the report at the end."""
+
+    def __init__(self) -> None:
+        self.total: int | None = None
+        self.started = 0.0
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        self.total, self.started = sweep_size(config), time.time()
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        job = HydraConfig.get().job
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            of = f" of {self.total}" if self.total else ""
+            log.info("sweep: job %d%s: %s", job.num + 1, of, job.override_dirname or "default")
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        hydra_cfg = HydraConfig.get()
+        if hydra_cfg.mode != RunMode.MULTIRUN or not self.started:
+            return
+        # Jobs that ended are counted by their markers, not in this object: a parallel launcher
+        # (joblib) runs jobs in worker processes, each with its own copy of the callback.
+        (Path(hydra_cfg.runtime.output_dir) / DONE).touch()
+        markers = Path(config.hydra.sweep.dir).rglob(DONE)
+        finished = max(1, sum(m.stat().st_mtime >= self.started for m in markers))
+        elapsed = time.time() - self.started
+        eta = ""
+        if self.total and self.total > finished:
+            left = elapsed / finished * (self.total - finished)
+            eta = f", about {left / 60:.1f} min left"
+        of = f"/{self.total}" if self.total else ""
+        log.info("sweep: %d%s jobs done in %.1f min%s", finished, of, elapsed / 60, eta)
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.get("report", True) and rank_from_env() == 0:
+            write_report(Path(config.hydra.run.dir), config)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        failed = sorted(sweep_dir.rglob(FAILED))
+        if config.get("report", True) and rank_from_env() == 0:
+            write_report(sweep_dir, config)
+        if failed:
+            for path in failed:
+                log.error("failed: %s: %s", path.parent.name, path.read_text().strip())
+            sys.exit(1)
+
+
+def write_report(root: Path, config: DictConfig) -> None:
+    """Write the report of ``root``; with logger=wandb, log it as a run of the sweep's group."""
+    from pe_bench.report import Options, build_report
+
+    try:
+        report = build_report(root, options=Options(compare=config.get("compare")))
+        tracker = tracking.start(
+            config.get("logger"),
+            name="report",
+            group=str(config.get("name", "default")),
+            job_type="report",
+            folder=root,
+            config={"results": str(root), **dataclasses.asdict(report.options)},
+        )
+    except UserError as err:
+        log.error("no report: %s", err)
+        return
+    tracker.log_report(report)
+    tracker.finish()

@@ -1,11 +1,12 @@
 """The one causal self-attention op every scheme goes through.
 
-Fast path: ``scaled_dot_product_attention`` with ``is_causal=True`` when the scheme adds no
-logit term. Otherwise the scheme's term and the causal ``-inf`` go into one 4-D float mask
-(a 3-D mask sends CPU SDPA to its slow math path, and ``attn_mask`` with ``is_causal`` raises
-on some backends), by query chunks for long windows; or, where ``model.attention`` picks
-FlexAttention (``GPT.uses_flex``), the term goes in as a ``score_mod`` and no mask is built.
-``reference_attention`` writes the math out; tests hold the paths equal.
+Fast path (``causal_attention``): ``scaled_dot_product_attention`` with ``is_causal=True``
+when the scheme adds no logit term. Otherwise (``biased_attention``) the scheme's term and the
+causal ``-inf`` go into one 4-D float mask (a 3-D mask sends CPU SDPA to its slow math path,
+and ``attn_mask`` with ``is_causal`` raises on some backends), by query chunks for long
+windows; or, where ``model.attention`` picks FlexAttention (``use_flex``), the term goes in
+as a ``score_mod`` and no mask is built (``flex_attention``). ``reference_attention`` writes
+the math out; tests hold the paths equal.
 
 Shapes: q ``[b, n_h, s_q, h_d]``, k and v ``[b, n_h, s_k, h_d]``; the queries are the last s_q
 of the s_k positions, so query i may see keys j <= s_k - s_q + i.
@@ -43,11 +44,11 @@ def masked_bias(bias: Tensor | None, q: Tensor, s_k: int) -> Tensor:
     return bias
 
 
-def causal_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-    """softmax(q k^T / sqrt(h_d) + bias + causal mask) v, on the fastest SDPA path."""
-    if bias is None and q.shape[-2] == k.shape[-2]:
+def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """softmax(q k^T / sqrt(h_d) + causal mask) v, on the fastest SDPA path."""
+    if q.shape[-2] == k.shape[-2]:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=masked_bias(bias, q, k.shape[-2]))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=masked_bias(None, q, k.shape[-2]))
 
 
 # Largest mask one query chunk may build, in elements (128 MiB in fp32): an 8192-token window
@@ -59,6 +60,26 @@ MASK_BUDGET = 2**25
 SHARED_MASK_BUDGET = 2**27
 
 BiasFn = Callable[[Tensor, Tensor, Tensor, Tensor], "Tensor | None"]
+
+ATTENTION = ("auto", "sdpa", "flex")  # the values of model.attention
+
+
+def use_flex(mode: str, num_heads: int, seq_len: int, grad: bool) -> bool:
+    """Whether a pass over ``seq_len`` tokens of a scheme with a logit term attends through
+    FlexAttention, under ``model.attention=mode`` (one of ``ATTENTION``); ``grad``: whether
+    gradients are on.
+
+    ``flex`` always, ``sdpa`` never; ``auto`` for evaluation windows whose masks are too large
+    to share across layers (n_h s^2 > ``SHARED_MASK_BUDGET``: from 5793 tokens at 4 heads),
+    where it was measured faster on CPU (eval tokens/s at 8192, d_model 128: ALiBi 2318 vs
+    1519, T5 2471 vs 805), and not below (at 4096: 4354 vs 7739, 3830 vs 7169), nor while
+    training.
+    """
+    if mode == "flex":
+        return True
+    if mode == "sdpa":
+        return False
+    return not grad and num_heads * seq_len**2 > SHARED_MASK_BUDGET
 
 
 def biased_attention(

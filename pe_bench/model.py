@@ -3,6 +3,11 @@
 Pre-norm blocks (LayerNorm, causal self-attention, GELU MLP), as nanoGPT
 (https://github.com/karpathy/nanoGPT/blob/master/model.py). The model holds no scheme-specific
 code: the injected ``PositionScheme`` acts through its hooks (see ``positions/base.py``).
+``GPT.forward`` builds one ``ForwardContext`` (the scheme, the positions, the attention path,
+the mask shared across layers) and hands it to every block; it never reads a value back to
+the host. What can be refused is refused before any training: lengths by the scheme's
+``check_length``, the attention mode by ``check_attention``. ``build_model`` builds a model
+with a seeded trunk and its scheme under its own seed (``seeded_scheme``).
 
 Notation used for tensor shapes:
     b: batch, s: sequence, d: d_model, n_h: heads, h_d: head dim, V: vocabulary.
@@ -11,7 +16,7 @@ Notation used for tensor shapes:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -20,12 +25,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pe_bench import attention
-from pe_bench.attention import biased_attention, causal_attention, flex_attention
+from pe_bench.attention import (
+    ATTENTION,
+    biased_attention,
+    causal_attention,
+    flex_attention,
+    use_flex,
+)
 from pe_bench.errors import UserError
 from pe_bench.positions import ModelDims, PositionScheme, build_scheme
-
-ATTENTION = ("auto", "sdpa", "flex")
 
 
 @dataclass
@@ -38,7 +46,7 @@ class ModelConfig:
     tie_embeddings: bool = False  # share the input embedding with the output head
     # How schemes with a logit term attend: "sdpa" (float masks, by query chunks), "flex"
     # (FlexAttention score_mod, no mask; no backward on CPU) or "auto" (flex where measured
-    # faster, see GPT.uses_flex). Not part of a run's identity: the numbers are the same.
+    # faster, see attention.use_flex). Not part of a run's identity: the numbers are the same.
     attention: str = "auto"
 
     def __post_init__(self) -> None:
@@ -64,6 +72,26 @@ class ModelConfig:
         )
 
 
+def check_attention(cfg: ModelConfig, device: torch.device | str) -> None:
+    """Refuse, before any training, a ``model.attention`` the run's device cannot train with:
+    FlexAttention has no backward on CPU (a run always trains)."""
+    if cfg.attention == "flex" and torch.device(device).type == "cpu":
+        raise UserError(
+            "model.attention=flex: FlexAttention has no backward on CPU; train with "
+            "model.attention=auto or sdpa (evaluation then uses flex where it is faster)"
+        )
+
+
+@dataclass(frozen=True)
+class ForwardContext:
+    """What every block needs for one forward pass, built once by ``GPT.forward``."""
+
+    pe: PositionScheme
+    pos: Tensor  # [s]: the position of each index
+    flex: bool  # the scheme's logit term goes into FlexAttention (see attention.use_flex)
+    bias_cache: dict | None  # masked biases built once and shared by all layers (shared_bias)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -72,22 +100,21 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
 
-    def forward(
-        self, x: Tensor, pe: PositionScheme, pos: Tensor, bias_cache: dict | None, flex: bool
-    ) -> Tensor:
+    def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
         b, s, d = x.shape
+        pe, pos = ctx.pe, ctx.pos
         q, k, v = self.qkv(x).split(d, dim=2)
         # [b, s, d] -> [b, n_h, s, h_d]
         q, k, v = (t.view(b, s, self.num_heads, -1).transpose(1, 2) for t in (q, k, v))
         q, k = pe.transform_qk(q, k, pos, pos, self.layer)
-        score_mod = pe.score_mod(pos, pos, self.layer) if flex else None
+        score_mod = pe.score_mod(pos, pos, self.layer) if ctx.flex else None
         if score_mod is not None:  # the scheme's term inside FlexAttention
             y = flex_attention(q, k, v, score_mod)
         elif pe.has_score_bias:  # the scheme's term in float masks, by query chunks
             bias_fn = partial(pe.score_bias, layer=self.layer)
-            y = biased_attention(q, k, v, pos, bias_fn, bias_cache)
+            y = biased_attention(q, k, v, pos, bias_fn, ctx.bias_cache)
         else:  # fused causal SDPA
-            y = causal_attention(q, k, v, None)  # [b, n_h, s, h_d]
+            y = causal_attention(q, k, v)  # [b, n_h, s, h_d]
         return self.proj(y.transpose(1, 2).reshape(b, s, d))
 
 
@@ -109,10 +136,8 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
 
-    def forward(
-        self, x: Tensor, pe: PositionScheme, pos: Tensor, bias_cache: dict | None, flex: bool
-    ) -> Tensor:
-        x = x + self.attn(self.ln1(x), pe, pos, bias_cache, flex)
+    def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
+        x = x + self.attn(self.ln1(x), ctx)
         return x + self.mlp(self.ln2(x))
 
 
@@ -144,37 +169,20 @@ class GPT(nn.Module):
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> Tensor:
         """Token ids ``[b, s]`` -> next-token logits ``[b, s, V]``; with ``targets`` ``[b, s]``,
         the mean next-token cross-entropy in nats instead (what training and DDP call)."""
-        pos = self.pe.positions(idx.shape[1], idx.device)  # [s]
+        seq_len = idx.shape[1]
+        pos = self.pe.positions(seq_len, idx.device)  # [s]
         x = self.pe.embed(self.tok_emb(idx), pos)  # [b, s, d]
+        flex = self.pe.has_score_bias and use_flex(
+            self.cfg.attention, self.cfg.num_heads, seq_len, torch.is_grad_enabled()
+        )
         bias_cache = {} if self.pe.shared_bias else None  # one mask for all layers
-        flex = self.uses_flex(idx.shape[1], idx.device)
+        ctx = ForwardContext(self.pe, pos, flex, bias_cache)
         for block in self.blocks:
-            x = block(x, self.pe, pos, bias_cache, flex)
+            x = block(x, ctx)
         logits = self.head(self.ln_f(x))  # [b, s, V]
         if targets is None:
             return logits
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
-
-    def uses_flex(self, seq_len: int, device: torch.device) -> bool:
-        """Whether a forward pass over ``seq_len`` tokens attends through FlexAttention.
-
-        ``auto`` picks it for evaluation windows whose masks are too large to share across
-        layers (n_h s^2 > ``SHARED_MASK_BUDGET``: 8192 tokens at 4 heads), where it was
-        measured faster on CPU (eval tokens/s at 8192, d_model 128: ALiBi 2318 vs 1519, T5
-        2471 vs 805), and not below (at 4096: 4354 vs 7739, 3830 vs 7169).
-        """
-        mode = self.cfg.attention
-        if mode == "sdpa" or not self.pe.has_score_bias:
-            return False
-        if mode == "flex":
-            if device.type == "cpu" and torch.is_grad_enabled():
-                raise UserError(
-                    "model.attention=flex: FlexAttention has no backward on CPU; train with "
-                    "model.attention=auto or sdpa (evaluation then uses flex where it is faster)"
-                )
-            return True
-        long = self.cfg.num_heads * seq_len**2 > attention.SHARED_MASK_BUDGET
-        return long and not torch.is_grad_enabled()
 
     def num_params(self) -> dict[str, int]:
         """Parameter counts: all, and those of the position scheme (learned, T5, XL add some)."""
@@ -183,14 +191,23 @@ class GPT(nn.Module):
         return {"params": sum(p.numel() for p in unique.values()), "pe_params": position}
 
 
+SchemeFactory = Callable[[ModelDims], PositionScheme]
+
+
+def seeded_scheme(make: SchemeFactory, dims: ModelDims, seed: int) -> PositionScheme:
+    """``make(dims)`` under its own seed (``seed + 1``), leaving torch's global generator as it
+    was: a scheme with parameters does not shift the stream the trunk is initialised from."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 1)
+        return make(dims)
+
+
 def build_model(cfg: ModelConfig, pe_cfg: Mapping[str, Any], train_len: int, seed: int) -> GPT:
     """Build the model for a ``pe`` config with seeded, scheme-independent trunk init.
 
-    The scheme is built under its own seed, so a scheme with parameters does not shift the
-    random stream the trunk is initialised from: every scheme starts from the same trunk.
+    The scheme is built under its own seed (``seeded_scheme``), so every scheme starts from
+    the same trunk.
     """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed + 1)
-        pe = build_scheme(pe_cfg, cfg.dims(train_len))
+    pe = seeded_scheme(partial(build_scheme, pe_cfg), cfg.dims(train_len), seed)
     torch.manual_seed(seed)
     return GPT(cfg, pe)

@@ -14,20 +14,32 @@ from .helpers import RELATIVE
 DIMS = ModelDims(d_model=32, num_heads=4, head_dim=8, num_layers=2, train_len=16)
 
 
-@pytest.mark.parametrize("bias_shape", [None, (4, 20, 20), (2, 4, 20, 20)])
-def test_fast_path_equals_reference(bias_shape):
+def test_fast_path_equals_reference():
     q, k, v = (torch.randn(2, 4, 20, 8) for _ in range(3))
-    bias = None if bias_shape is None else torch.randn(bias_shape)
-    assert torch.allclose(
-        causal_attention(q, k, v, bias), reference_attention(q, k, v, bias), atol=1e-5
-    )
+    assert torch.allclose(causal_attention(q, k, v), reference_attention(q, k, v, None), atol=1e-5)
+
+
+@pytest.mark.parametrize("bias_shape", [(4, 20, 20), (2, 4, 20, 20)])
+@pytest.mark.parametrize("chunk", [20, 7])  # one chunk of queries, or chunks of 7
+def test_biased_path_equals_reference(bias_shape, chunk, monkeypatch):
+    from pe_bench import attention
+
+    monkeypatch.setattr(attention, "MASK_BUDGET", 2 * 4 * 20 * chunk)
+    q, k, v = (torch.randn(2, 4, 20, 8) for _ in range(3))
+    bias = torch.randn(bias_shape)
+
+    def bias_fn(q_chunk, k_prefix, q_pos, k_pos):  # the rows and columns of the chunk
+        return bias[..., q_pos.unsqueeze(-1), k_pos]
+
+    got = attention.biased_attention(q, k, v, torch.arange(20), bias_fn)
+    assert torch.allclose(got, reference_attention(q, k, v, bias), atol=1e-5)
 
 
 def test_queries_that_are_the_last_keys():
     """s_q < s_k (chunked evaluation): the queries are the last s_q positions."""
     q, k, v = torch.randn(1, 4, 20, 8), torch.randn(1, 4, 20, 8), torch.randn(1, 4, 20, 8)
-    full = causal_attention(q, k, v, None)
-    tail = causal_attention(q[:, :, -6:], k, v, None)
+    full = causal_attention(q, k, v)
+    tail = causal_attention(q[:, :, -6:], k, v)
     assert torch.allclose(full[:, :, -6:], tail, atol=1e-5)
 
 
@@ -175,11 +187,29 @@ def test_auto_attention_evaluates_long_windows_through_flex(monkeypatch):
 
 
 def test_flex_refuses_to_train_on_cpu():
+    """Refused when the run is planned (it always trains), not inside the forward pass."""
     from pe_bench.errors import UserError
+    from pe_bench.model import ModelConfig, check_attention
 
-    from .helpers import tiny_model
-
-    model = tiny_model("alibi")
-    model.cfg.attention = "flex"
+    cfg = ModelConfig(attention="flex")
     with pytest.raises(UserError, match="FlexAttention has no backward on CPU"):
-        model(torch.randint(0, 256, (1, 8)))
+        check_attention(cfg, torch.device("cpu"))
+    check_attention(cfg, torch.device("cuda"))  # a GPU trains through it
+    for mode in ("auto", "sdpa"):
+        check_attention(ModelConfig(attention=mode), "cpu")
+
+
+@pytest.mark.parametrize(
+    ("mode", "seq_len", "grad", "expected"),
+    [
+        ("flex", 16, True, True),
+        ("sdpa", 100_000, False, False),
+        ("auto", 5792, False, False),  # 4 x 5792^2 < SHARED_MASK_BUDGET = 2^27: masks shared
+        ("auto", 5793, False, True),
+        ("auto", 8192, True, False),  # never while training
+    ],
+)
+def test_use_flex(mode, seq_len, grad, expected):
+    from pe_bench.attention import use_flex
+
+    assert use_flex(mode, 4, seq_len, grad) is expected

@@ -81,7 +81,14 @@ class PositionScheme(nn.Module):
             ones raise a ``UserError`` from ``check_length``, before any training.
 
     Parameters are created and initialised in ``__init__`` (the model builds the scheme under
-    its own seed and never re-initialises it).
+    its own seed and never re-initialises it). What does not change is computed there too and
+    kept as non-persistent buffers (``register_buffer(..., persistent=False)``): they move
+    with the model and stay out of its state_dict.
+
+    The hooks run inside the forward pass, on the model's device and possibly under
+    ``torch.compile``: they never read a value back to the host (``int(t)``, ``t.item()``).
+    Lengths are refused before any training, by ``check_length``, which the run calls for
+    every length it will serve.
     """
 
     name: ClassVar[str] = ""
@@ -150,12 +157,14 @@ class PositionScheme(nn.Module):
 
         The default covers every content-free relative bias (ALiBi, T5, KERPLE, Sandwich): the
         term is a function of the distance i - j alone, so one row of ``score_bias`` tabulates
-        it for every distance. Other content-free schemes may override it (the conformance
-        kit holds it equal to ``score_bias``).
+        it for every distance. The positions are taken to be consecutive (as ``positions``
+        gives them), so the distances are 0 .. s_k - 1 and the table is sized from shapes,
+        without reading a position back to the host. Other content-free schemes may override
+        it (the conformance kit holds it equal to ``score_bias``).
         """
         if self.content_bias or not self.relative or not self.has_score_bias:
             return None
-        longest = int((q_pos.max() - k_pos.min()).clamp(min=0))
+        longest = k_pos.shape[-1] - 1  # the queries are the last keys
         keys = torch.arange(longest + 1, device=q_pos.device)  # distances longest .. 0
         row = self.score_bias(None, None, keys[-1:], keys, layer)  # [n_h, 1, longest + 1]
         row = row[0] if row.dim() == 4 else row  # [1, n_h, 1, s] -> [n_h, 1, s]
@@ -163,7 +172,8 @@ class PositionScheme(nn.Module):
         by_distance = row[:, 0].flip(-1).float()  # [n_h, longest + 1]: entry n at distance n
 
         def add_bias(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            distance = (q_pos[q_idx] - k_pos[kv_idx]).clamp(min=0)  # future keys: masked anyway
+            # future keys (negative distances) are masked anyway
+            distance = (q_pos[q_idx] - k_pos[kv_idx]).clamp(0, longest)
             return score + by_distance[h, distance]
 
         return add_bias

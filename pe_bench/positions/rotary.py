@@ -3,11 +3,18 @@ dynamic NTK, YaRN, log-n scaling).
 
 Pairing layout: half-split, as HF ``rotate_half`` (dim k pairs with dim k + h_d/2), not
 interleaved. Both give the same scores; half-split needs no strided views.
+
+Frequencies are computed once, on CPU in float64 at construction, and kept as non-persistent
+buffers (as torchtune's RoPE cache), so they move with the model and are not in its
+state_dict. A forward pass rotates with float32 frequencies: plain RoPE's cached ones; a
+variant whose frequencies depend on the context length computes them from the float64
+caches on the model's device, without copying from the host or reading a value back.
 """
 
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -43,26 +50,53 @@ class RoPE(PositionScheme):
     """
 
     relative = True
+    # Caches that keep their dtype when the model is cast (``to(torch.bfloat16)``, ``half()``):
+    # angles are computed in float32 from float64 frequencies whatever the model's dtype.
+    exact_caches: ClassVar[tuple[str, ...]] = ("exponent", "theta", "theta32")
 
     def __init__(self, dims: ModelDims, *, base: float = 10000.0) -> None:
         super().__init__(dims)
         if dims.head_dim % 2:
             raise UserError(f"{self.name or 'rope'} needs an even head_dim, got {dims.head_dim}")
         self.base = base
+        d = dims.head_dim
+        exponent = -torch.arange(0, d, 2, dtype=torch.float64) / d  # [h_d/2]: -2k/h_d
+        self.register_buffer("exponent", exponent, persistent=False)
+        self.register_buffer("theta", base**exponent, persistent=False)  # float64 theta_k
+        self.register_buffer("theta32", self.theta.float(), persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        """``Module._apply`` (behind ``to``, ``cuda``, ``half``, ...), except that the
+        ``exact_caches`` only move: a dtype cast would round the frequencies."""
+        exact = {name: self._buffers[name] for name in self.exact_caches}
+        super()._apply(fn, recurse)
+        for name, cache in exact.items():
+            moved = self._buffers[name]
+            if moved.dtype != cache.dtype:
+                self._buffers[name] = cache.to(moved.device)
+        return self
 
     def inv_freq(self, seq_len: int) -> Tensor:
-        """theta_k for a context of ``seq_len`` keys, ``[h_d/2]`` in float64 for exact tests."""
-        d = self.dims.head_dim
-        return self.base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+        """theta_k for a context of ``seq_len`` keys, ``[h_d/2]`` in float64 for exact tests,
+        on the scheme's device."""
+        return self.theta
 
     def context_len(self, k_pos: Tensor) -> int:
         """The context length the frequencies are computed for: the number of keys."""
         return k_pos.shape[-1]
 
+    def frequencies(self, k_pos: Tensor) -> Tensor:
+        """theta_k in float32 for a context of keys ``k_pos``: ``[h_d/2]``. RoPE's do not
+        depend on the context (the cached ``theta32``); a class that overrides ``inv_freq``
+        gets its own, for ``context_len(k_pos)``."""
+        if type(self).inv_freq is RoPE.inv_freq:
+            return self.theta32
+        return self.inv_freq(self.context_len(k_pos)).to(k_pos.device, torch.float32)
+
     def rotate(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
     ) -> tuple[Tensor, Tensor]:
-        inv_freq = self.inv_freq(self.context_len(k_pos)).to(q.device, torch.float32)
+        inv_freq = self.frequencies(k_pos)  # [h_d/2], float32
         q_angles = q_pos.float().unsqueeze(-1) * inv_freq  # [s_q, h_d/2]
         k_angles = k_pos.float().unsqueeze(-1) * inv_freq  # [s_k, h_d/2]
         return apply_rotary(q, q_angles), apply_rotary(k, k_angles)
@@ -147,6 +181,12 @@ class PositionInterpolation(ScaledRoPE):
         return super().inv_freq(seq_len) / self.scale(seq_len)
 
 
+def check_ntk_head_dim(name: str, dims: ModelDims) -> None:
+    """NTK's exponent h_d/(h_d-2) needs h_d >= 4."""
+    if dims.head_dim < 4:
+        raise UserError(f"{name} needs a head_dim of at least 4, got {dims.head_dim}")
+
+
 @register("ntk")
 class NTKAware(ScaledRoPE):
     """NTK-aware scaling (bloc97 2023,
@@ -155,10 +195,14 @@ class NTKAware(ScaledRoPE):
     The highest frequency (k = 0) is unchanged and the lowest is divided by exactly s.
     """
 
+    def __init__(self, dims: ModelDims, *, base: float = 10000.0, factor: float | None = None):
+        super().__init__(dims, base=base, factor=factor)
+        check_ntk_head_dim("ntk", dims)
+
     def inv_freq(self, seq_len: int) -> Tensor:
         d = self.dims.head_dim
         base = self.base * self.scale(seq_len) ** (d / (d - 2))
-        return base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+        return base**self.exponent
 
 
 @register("dynamic_ntk")
@@ -182,17 +226,19 @@ class DynamicNTK(RoPE):
         super().__init__(dims, base=base)
         if factor < 1:
             raise UserError(f"dynamic_ntk: factor must be >= 1, got {factor}")
+        check_ntk_head_dim("dynamic_ntk", dims)
         self.factor = factor
 
-    def context_len(self, k_pos: Tensor) -> int:
-        return int(k_pos.max()) + 1
+    def context_len(self, k_pos: Tensor) -> Tensor:
+        """The largest position + 1, as a tensor: no value is read back to the host."""
+        return k_pos.max() + 1
 
-    def inv_freq(self, seq_len: int) -> Tensor:
+    def inv_freq(self, seq_len: int | Tensor) -> Tensor:
         d, train_len, f = self.dims.head_dim, self.dims.train_len, self.factor
-        base = self.base
-        if seq_len > train_len:
-            base = base * (f * seq_len / train_len - (f - 1)) ** (d / (d - 2))
-        return base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+        length = torch.as_tensor(seq_len, dtype=torch.float64, device=self.exponent.device)
+        scaled = self.base * (f * length / train_len - (f - 1)) ** (d / (d - 2))
+        base = torch.where(length > train_len, scaled, self.base)  # [] float64
+        return base**self.exponent
 
 
 def yarn_correction_dim(rotations: float, dim: int, base: float, train_len: int) -> float:
@@ -221,6 +267,8 @@ class YaRN(ScaledRoPE):
         beta_slow (float): rotations below which a pair is fully interpolated. Default: 1.
     """
 
+    exact_caches = (*RoPE.exact_caches, "ramp")
+
     def __init__(
         self,
         dims: ModelDims,
@@ -239,7 +287,8 @@ class YaRN(ScaledRoPE):
         if low == high:
             high += 0.001  # as HF: avoid a division by zero
         ramp = (torch.arange(d // 2, dtype=torch.float64) - low) / (high - low)
-        self.ramp = ramp.clamp(0, 1)  # [h_d/2]: 0 keeps theta_k, 1 interpolates it
+        # [h_d/2]: 0 keeps theta_k, 1 interpolates it
+        self.register_buffer("ramp", ramp.clamp(0, 1), persistent=False)
 
     def inv_freq(self, seq_len: int) -> Tensor:
         theta = super().inv_freq(seq_len)

@@ -3,6 +3,7 @@ and what the variants do at and past the training length."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -12,6 +13,8 @@ from pe_bench.attention import attention_logits
 from pe_bench.errors import UserError
 from pe_bench.positions import ModelDims, build_scheme
 from pe_bench.positions.rotary import apply_rotary
+
+from ..helpers import VARIANTS
 
 DIMS = ModelDims(d_model=32, num_heads=4, head_dim=8, num_layers=2, train_len=16)
 
@@ -48,16 +51,17 @@ def test_variant_factor_defaults_to_eval_length_over_train_length(name):
     assert torch.allclose(variant.inv_freq(64), fixed.inv_freq(64))  # 64 / 16 = 4
 
 
-@pytest.mark.parametrize("name", ["pi", "ntk"])
-def test_variant_equals_rope_at_and_below_training_length(name):
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("length", [8, 16])
+def test_variant_equals_rope_at_and_below_training_length(name, length):
     rope = build_scheme({"name": "rope"}, DIMS)
     variant = build_scheme({"name": name}, DIMS)
-    q, k = torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8)
-    pos = torch.arange(16)
+    q, k = torch.randn(2, 4, length, 8), torch.randn(2, 4, length, 8)
+    pos = torch.arange(length)
     assert torch.allclose(
         attention_logits(rope, q, k, pos, pos), attention_logits(variant, q, k, pos, pos)
     )
-    assert torch.allclose(rope.inv_freq(8), variant.inv_freq(8))
+    assert torch.allclose(rope.inv_freq(length), variant.inv_freq(length))
 
 
 @pytest.mark.parametrize("name", ["pi", "ntk"])
@@ -175,11 +179,70 @@ def test_logn_scale_by_hand():
     assert ratio[0, 1, 15, 10].item() == pytest.approx(1.0, rel=1e-5)  # p = 16
 
 
-@pytest.mark.parametrize("name", ["dynamic_ntk", "yarn", "logn"])
-def test_new_variants_equal_rope_at_training_length(name):
+ROTARY = ["rope", "xpos", "randomized_rope", *VARIANTS]
+
+
+@pytest.mark.parametrize("name", ROTARY)
+def test_frequencies_are_non_persistent_buffers(name):
+    """Cached like torchtune's RoPE: buffers that move with the model, not in its state_dict
+    (checkpoints of every scheme load as before)."""
+    scheme = build_scheme({"name": name}, DIMS)
+    buffers = dict(scheme.named_buffers())
+    for cache in scheme.exact_caches:
+        assert cache in buffers
+    assert not any(key in scheme.state_dict() for key in buffers)
+    if name == "yarn":
+        assert buffers["ramp"].dtype == torch.float64
+
+
+@pytest.mark.parametrize("name", ROTARY)
+@pytest.mark.parametrize("length", [8, 16, 40])
+def test_forward_frequencies_are_inv_freq_in_float32(name, length):
+    """What the forward pass rotates with, from the caches, is bit for bit ``inv_freq`` of the
+    context computed in float64 and rounded once to float32; dynamic NTK's context is the
+    largest position + 1."""
+    scheme = build_scheme({"name": name}, DIMS)
+    k_pos = torch.arange(length)
+    got = scheme.frequencies(k_pos)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, scheme.inv_freq(length).float())
+    if name == "dynamic_ntk":
+        shifted = scheme.frequencies(torch.arange(length) + 24)
+        assert torch.equal(shifted, scheme.inv_freq(length + 24).float())
+
+
+@pytest.mark.parametrize("name", ["rope", "yarn", "dynamic_ntk"])
+def test_a_cast_model_keeps_full_precision_frequencies(name):
+    """``to(torch.bfloat16)`` casts every floating buffer; the frequencies are kept as they
+    were (angles are computed in float32 whatever the dtype), so the logits of a bfloat16
+    copy follow the float32 ones at positions past 1000."""
+    scheme = build_scheme({"name": name}, DIMS)
+    half = copy.deepcopy(scheme).to(torch.bfloat16)
+    for cache in scheme.exact_caches:
+        assert torch.equal(getattr(half, cache), getattr(scheme, cache)), cache
+    pos = torch.arange(1000, 1040)
+    assert torch.equal(half.frequencies(pos), scheme.frequencies(pos))
+
+
+def test_dynamic_ntk_context_is_a_tensor():
+    """The largest position is read on the device, never back to the host (no sync)."""
+    dyn = build_scheme({"name": "dynamic_ntk"}, DIMS)
+    assert isinstance(dyn.context_len(torch.arange(40, 64)), torch.Tensor)
+
+
+@pytest.mark.parametrize("name", ["ntk", "dynamic_ntk"])
+def test_ntk_needs_a_head_dim_of_four(name):
+    dims = ModelDims(d_model=8, num_heads=4, head_dim=2, num_layers=1, train_len=8)
+    with pytest.raises(UserError, match=f"{name} needs a head_dim of at least 4, got 2"):
+        build_scheme({"name": name}, dims)
+
+
+def test_cached_frequencies_equal_the_formula_bit_for_bit():
+    """The caches change no number: theta_k = base^(-2k/h_d) in float64, rounded once to
+    float32; dynamic NTK's base' from the host formula (f = 2, L_train = 16, l = 40)."""
+    exponent = -torch.arange(0, 8, 2, dtype=torch.float64) / 8
     rope = build_scheme({"name": "rope"}, DIMS)
-    variant = build_scheme({"name": name}, DIMS)
-    q, k, pos = torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8), torch.arange(16)
-    assert torch.allclose(
-        attention_logits(rope, q, k, pos, pos), attention_logits(variant, q, k, pos, pos)
-    )
+    assert torch.equal(rope.frequencies(torch.arange(40)), (10000.0**exponent).float())
+    dyn = build_scheme({"name": "dynamic_ntk"}, DIMS)
+    base = 10000.0 * (2.0 * 40 / 16 - 1.0) ** (8 / 6)
+    assert torch.equal(dyn.frequencies(torch.arange(40)), (base**exponent).float())

@@ -45,15 +45,40 @@ def test_t5_buckets_at_pinned_distances():
     assert t5_bucket(n).tolist() == [0, 1, 15, 16, 16, 26, 31, 31, 31]
 
 
-def test_t5_bias_looks_up_one_scalar_per_bucket_and_head(dims):
+# T5 at L_train = 16: 32 buckets, max_distance = 32 (the default), max_exact = 16. HF T5's
+# ``_relative_position_bucket(j - i, bidirectional=False)``: bucket n for n = i - j < 16, else
+# 16 + floor(16 log2(n / 16)), capped at 31; future keys (n < 0) in bucket 0. By hand:
+#   20: 16 log2(1.25) = 5.15 -> 21;  24: 16 log2(1.5) = 9.36 -> 25;  31: 15.27 -> 31;
+#   32 and 39: 16 and 20.9 -> capped at 31.
+T5_PAIRS = {  # (i, j) -> bucket of n = i - j
+    (0, 0): 0,
+    (7, 2): 5,
+    (20, 5): 15,
+    (30, 14): 16,
+    (25, 5): 21,
+    (30, 6): 25,
+    (31, 0): 31,
+    (39, 7): 31,
+    (39, 0): 31,
+    (3, 9): 0,  # a future key
+}
+
+
+def test_t5_bias_by_hand(dims):
+    """Entry (h, bucket) of the table holds 100 h + bucket, so each bias names its bucket and
+    head: sqrt(h_d) (100 h + bucket) (x-transformers' ``RelativePositionBias(scale=dim_head **
+    0.5)``), the same in every layer."""
     t5 = build_scheme({"name": "t5"}, dims)
-    torch.nn.init.normal_(t5.bias.weight)
+    assert t5.max_distance == 32
+    with torch.no_grad():
+        t5.bias.weight.copy_(torch.arange(32).unsqueeze(1) + 100.0 * torch.arange(4))
     pos = torch.arange(40)
-    bias = t5.score_bias(None, None, pos, pos, 0)
-    buckets = t5_bucket(pos.unsqueeze(1) - pos, 32, t5.max_distance)
-    scale = math.sqrt(dims.head_dim)  # x-transformers' RelativePositionBias(scale=dim_head**0.5)
-    assert torch.allclose(bias, scale * t5.bias.weight[buckets].permute(2, 0, 1))
-    # the same table serves every layer
+    bias = t5.score_bias(None, None, pos, pos, 0)  # [n_h, s_q, s_k]
+    assert bias.shape == (4, 40, 40)
+    for (i, j), bucket in T5_PAIRS.items():
+        for h in range(4):
+            expected = math.sqrt(8) * (100 * h + bucket)
+            assert bias[h, i, j].item() == pytest.approx(expected, rel=1e-6), (h, i, j)
     assert torch.equal(bias, t5.score_bias(None, None, pos, pos, 1))
 
 

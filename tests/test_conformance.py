@@ -80,6 +80,7 @@ def pe_bench_check(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_console_script_fails_a_broken_plugin():
     proc = pe_bench_check("broken_fake_relative", "--plugin", "tests.plugins.broken_pe")
     assert proc.returncode == 1, proc.stderr

@@ -20,6 +20,7 @@ def bench():
     return module
 
 
+@pytest.mark.slow
 def test_benchmark_writes_rates_mfu_and_a_step_profile(bench, tmp_path, capsys):
     out = tmp_path / "bench.csv"
     toy = "--d-model 32 --layers 1 --heads 2 --seq-len 16 --batch 4 --eval-factor 2"

@@ -104,18 +104,30 @@ def biased_attention(
     chunk = max(1, MASK_BUDGET // (b * h * s))
     if cache is not None and h * s * s > SHARED_MASK_BUDGET:
         cache = None
-    outputs = []
+    dtype, outputs = q.dtype, []
     for start in range(0, s, chunk):
         end = min(s, start + chunk)
         q_chunk, k_prefix, v_prefix = q[:, :, start:end], k[:, :, :end], v[:, :, :end]
         mask = None if cache is None else cache.get((start, end))
         if mask is None:
             bias = bias_fn(q_chunk, k_prefix, pos[start:end], pos[:end])
-            mask = masked_bias(bias, q_chunk, end)  # [(b|1), n_h, chunk, end]
+            mask = masked_bias(bias, q_chunk.float(), end)  # [(b|1), n_h, chunk, end], fp32
             if cache is not None:
                 cache[(start, end)] = mask
-        outputs.append(F.scaled_dot_product_attention(q_chunk, k_prefix, v_prefix, attn_mask=mask))
+        outputs.append(_fp32_attention(q_chunk, k_prefix, v_prefix, mask).to(dtype))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+
+
+def _fp32_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """SDPA with a float32 mask, in float32 whatever autocast says.
+
+    A position term must not lose precision to the compute dtype: SDPA takes its mask in q's
+    dtype (and autocast casts both to bf16), and a bf16 ALiBi term -m (i - j) is off by up to
+    1 at 1024 tokens. So under bf16 autocast this path attends in float32 (a no-op in fp32
+    training and evaluation); the fused causal path of schemes without a term stays in bf16.
+    """
+    with torch.autocast(q.device.type, enabled=False):
+        return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
 
 
 @functools.cache

@@ -145,6 +145,60 @@ def test_flex_score_mod_equals_the_bias_path(name, s):
     assert torch.allclose(got, expected, atol=1e-5)
 
 
+def bf16_ulps(got: torch.Tensor, expected: torch.Tensor) -> float:
+    """The largest error of ``got`` in units of bf16's resolution at ``expected``."""
+    eps = torch.finfo(torch.bfloat16).eps
+    return ((got.float() - expected).abs() / (expected.abs().clamp(min=1e-3) * eps)).max().item()
+
+
+@pytest.mark.parametrize("name", FLEX_SCHEMES)
+def test_position_terms_stay_fp32_under_bf16_autocast(name):
+    """Under bf16 autocast (the GPU path) the bias path attends with its term in float32: at
+    1024 tokens the output is the fp32 reference rounded once to bf16 (<= 1 ulp). A bf16 mask
+    was 68 (alibi) to 350 (kerple_power) ulps off, ALiBi's term by up to 1 at far keys."""
+    from functools import partial
+
+    from pe_bench.attention import biased_attention
+
+    from .helpers import tiny_model
+
+    pe, s = tiny_model(name).pe, 1024
+    pos = torch.arange(s)
+    q, k, v = (torch.randn(1, 4, s, 8).bfloat16() for _ in range(3))
+    expected = reference_attention(
+        q.float(), k.float(), v.float(), pe.score_bias(q.float(), k.float(), pos, pos, 1)
+    )
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        got = biased_attention(q, k, v, pos, partial(pe.score_bias, layer=1))
+    assert got.dtype == torch.bfloat16
+    assert bf16_ulps(got, expected) <= 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", FLEX_SCHEMES)
+def test_flex_and_mask_paths_agree_under_cuda_bf16_autocast(name):
+    """On GPU in bf16 autocast, FlexAttention (fp32 scores in the kernel) and the mask path
+    (fp32 term) give the same output up to bf16 rounding: the attention setting does not
+    change the numbers."""
+    from functools import partial
+
+    from pe_bench.attention import biased_attention, flex_attention
+
+    from .helpers import tiny_model
+
+    pe, s = tiny_model(name).pe.cuda(), 1024
+    pos = torch.arange(s, device="cuda")
+    q, k, v = (torch.randn(1, 4, s, 8, device="cuda").bfloat16() for _ in range(3))
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        mask_path = biased_attention(q, k, v, pos, partial(pe.score_bias, layer=1))
+        flex_path = flex_attention(q, k, v, pe.score_mod(pos, pos, 1))
+    expected = reference_attention(
+        q.float(), k.float(), v.float(), pe.score_bias(q.float(), k.float(), pos, pos, 1)
+    )
+    assert bf16_ulps(mask_path, expected) <= 1
+    assert bf16_ulps(flex_path, expected) <= 4  # the kernel's own bf16 P @ V
+
+
 @pytest.mark.parametrize("name", ["nope", "rope", "xl", "shaw", "fire", "cope"])
 def test_no_score_mod_without_a_content_free_relative_bias(name):
     """Content-dependent (XL, Shaw, CoPE) and absolute (FIRE) terms keep the bias path."""

@@ -15,6 +15,8 @@ against a hand computation (``tests/test_aggregate.py``).
 - **Diverged runs** (records with ``status: diverged``) have no numbers: they are left out of
   means and scores, counted per label, and listed by ``diverged_runs`` so that the report shows
   them.
+- **Skipped evaluations** (``status: skipped``, e.g. out of memory at a length) have no number
+  either; ``skipped_evaluations`` lists them with their reason so that the report shows why.
 """
 
 from __future__ import annotations
@@ -230,6 +232,20 @@ def diverged_runs(df: pd.DataFrame) -> pd.DataFrame:
     if "diverged_step" not in bad:
         bad = bad.assign(diverged_step=math.nan)
     return bad.drop_duplicates(["label", "run_id"])[columns].reset_index(drop=True)
+
+
+def skipped_evaluations(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per record that was skipped (e.g. out of memory at a length), with its reason:
+    label, seed, run_id, eval_len, reason; in label order, then by eval length and seed."""
+    columns = ["label", "seed", "run_id", "eval_len", "reason"]
+    skipped = df[df["status"] == "skipped"]
+    if "reason" not in skipped:
+        skipped = skipped.assign(reason=None)
+    skipped = skipped.assign(reason=skipped["reason"].fillna("no reason recorded"))
+    order = {lab: i for i, lab in enumerate(label_order(df))}
+    skipped = skipped.assign(order=skipped["label"].map(order))
+    skipped = skipped.sort_values(["order", "eval_len", "seed"], kind="stable")
+    return skipped[columns].reset_index(drop=True)
 
 
 def log_buckets(length: int, per_octave: int = 4) -> np.ndarray:

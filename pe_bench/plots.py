@@ -26,6 +26,8 @@ from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, ScalarFormatter
 
+from pe_bench.results import atomic_write
+
 CLASSIC_LABELS = (
     "nope",
     "sinusoidal",
@@ -103,11 +105,14 @@ def theme() -> Iterator[None]:
 
 
 def save(fig: Figure, folder: Path, name: str) -> Path:
-    """Write ``name``.png and ``name``.pdf into ``folder``; returns the PNG's path."""
-    folder.mkdir(parents=True, exist_ok=True)
-    png = folder / f"{name}.png"
-    fig.savefig(png, dpi=200, metadata=PNG_METADATA)
-    fig.savefig(folder / f"{name}.pdf", metadata=PDF_METADATA)
+    """Write ``name``.png and ``name``.pdf into ``folder``; returns the PNG's path.
+
+    Each file replaces the old one whole (``atomic_write``), so a report killed or failing
+    mid-figure leaves the previous figure, never a truncated one.
+    """
+    png, pdf = folder / f"{name}.png", folder / f"{name}.pdf"
+    atomic_write(png, lambda f: fig.savefig(f, format="png", dpi=200, metadata=PNG_METADATA))
+    atomic_write(pdf, lambda f: fig.savefig(f, format="pdf", metadata=PDF_METADATA))
     return png
 
 

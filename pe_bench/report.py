@@ -40,6 +40,42 @@ from pe_bench.results import CURVE, POSITIONS, RECORDS, atomic_write_text, load_
 
 FORMATS = {"ppl": "{:.2f}", "bpb": "{:.3f}", "nll": "{:.3f}"}
 CONSOLE_METRICS = ("ppl", "bpb")
+SKIPPED = "‡"  # marks a table cell with a skipped evaluation (its reason is in report.md)
+SKIPPED_NOTE = (
+    f"{SKIPPED} skipped evaluations (no number): the reasons are under Skipped evaluations"
+)
+
+# The fields every record needs for the report to place it (type names for the message); an ok
+# record needs its numbers too. Records pe-bench writes always have them.
+REQUIRED = {
+    "run_id": (str,),
+    "scheme": (str,),
+    "variant": (str,),
+    "seed": (int,),
+    "train_len": (int,),
+    "eval_len": (int,),
+    "mode": (str,),
+    "stride": (int,),
+}
+NUMBERS = {metric: (int, float) for metric in METRICS}
+STATUSES = ("ok", "skipped", "diverged")
+
+
+def record_problem(record: dict) -> str:
+    """What keeps the report from using ``record`` ('' if nothing): a missing field, a field of
+    the wrong type or an unknown status. Checked when loading, so the error names the file."""
+    status = record.get("status") or "ok"
+    if status not in STATUSES:
+        return f"status {status!r} is not one of {', '.join(STATUSES)}"
+    needed = {**REQUIRED, **(NUMBERS if status == "ok" else {})}
+    for name, types in needed.items():
+        value = record.get(name)
+        if value is None:
+            return f"record lacks {name!r} (the report needs {', '.join(needed)})"
+        if not isinstance(value, types) or isinstance(value, bool):
+            kind = " or ".join(t.__name__ for t in types)
+            return f"record field {name!r} is {value!r}; expected {kind}"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -83,6 +119,7 @@ class Report:
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     figures: dict[str, Path] = field(default_factory=dict)
     comparison: compare.Comparison | None = None
+    skipped: pd.DataFrame = field(default_factory=pd.DataFrame)  # skipped_evaluations rows
 
 
 def load_rows(root: Path, name: str) -> pd.DataFrame:
@@ -105,9 +142,9 @@ def build_report(
     if options.metric not in METRICS:
         raise UserError(f"metric {options.metric!r} is not one of {', '.join(METRICS)}")
     published = compare.load_published(options.compare) if options.compare else None
-    df = aggregate.prepare(load_records(root), options.mode, options.schemes)
+    df = aggregate.prepare(load_records(root, record_problem), options.mode, options.schemes)
     options = options.resolve(df)
-    report = Report(out / "report.md", options)
+    report = Report(out / "report.md", options, skipped=aggregate.skipped_evaluations(df))
     stats = {metric: aggregate.seed_stats(df, metric) for metric in METRICS}
     if published is not None:
         report.comparison = compare.compare(stats["ppl"], training_length(df), published)
@@ -125,12 +162,14 @@ def build_report(
 
 def write_tables(folder: Path, report: Report) -> None:
     """Every table of ``report`` into ``folder`` as CSV, and all but the comparison as markdown."""
-    tables = report.tables
+    tables, skipped = report.tables, report.skipped
+    note = f"\n{SKIPPED_NOTE} in report.md.\n" if len(skipped) else ""
     for metric in METRICS:
         write_csv(folder / f"{metric}.csv", tables[metric])
-        atomic_write_text(folder / f"{metric}.md", value_markdown(tables[metric], metric) + "\n")
+        text = value_markdown(tables[metric], metric, skipped)
+        atomic_write_text(folder / f"{metric}.md", text + "\n" + note)
     write_csv(folder / "ratio.csv", tables["ratio"].reset_index())
-    atomic_write_text(folder / "ratio.md", ratio_markdown(tables["ratio"]) + "\n")
+    atomic_write_text(folder / "ratio.md", ratio_markdown(tables["ratio"], skipped) + "\n" + note)
     write_csv(folder / "score.csv", tables["score"])
     atomic_write_text(folder / "score.md", score_markdown(tables["score"]) + "\n")
     if report.comparison is not None:
@@ -183,9 +222,11 @@ def print_summary(report: Report, df: pd.DataFrame, note: str) -> None:
     for metric in CONSOLE_METRICS:
         stats = report.tables[metric]
         print(f"\n{metric} by eval length ({caption(stats, metric, df)}):")
-        print(value_markdown(stats, metric))
+        print(value_markdown(stats, metric, report.skipped))
     if note:
         print(f"† {note}")
+    if len(report.skipped):
+        print(f"{SKIPPED_NOTE} in {report.path}")
     if report.comparison is not None:
         print(f"\nComparison with {report.comparison.published.cite()}:")
         for sentence in report.comparison.sentences():
@@ -232,29 +273,47 @@ def caption(stats: pd.DataFrame, metric: str, df: pd.DataFrame) -> str:
     )
 
 
-def value_markdown(stats: pd.DataFrame, metric: str) -> str:
-    """Label x eval length table of ``mean [low, high]`` cells (``seed_stats`` rows)."""
+def value_markdown(stats: pd.DataFrame, metric: str, skipped: pd.DataFrame | None = None) -> str:
+    """Label x eval length table of ``mean [low, high]`` cells (``seed_stats`` rows); a cell
+    with a skipped evaluation (``skipped_evaluations`` rows) is marked ‡."""
     fmt = FORMATS[metric]
     n = typical_n(stats)
     lengths = [str(length) for length in sorted(stats["eval_len"].unique())]
+    marked = skipped_cells(skipped)
     rows = []
     for lab, cells in stats.groupby("label", sort=False):
         row = [lab + (" †" if cells["diverged"].iloc[0] else "")]
         for cell in cells.itertuples():
+            mark = f" {SKIPPED}" if (lab, cell.eval_len) in marked else ""
             if cell.n == 0:
-                row.append("diverged" if cell.diverged else "–")
+                row.append(("diverged" if cell.diverged else "–") + mark)
                 continue
             text = fmt.format(cell.mean)
             if cell.n > 1:
                 text += f" [{fmt.format(cell.ci_low)}, {fmt.format(cell.ci_high)}]"
-            row.append(text + (f" (n={cell.n})" if cell.n != n else ""))
+            row.append(text + (f" (n={cell.n})" if cell.n != n else "") + mark)
         rows.append(row)
     return markdown_table(["scheme", *lengths], rows, "l" + "r" * len(lengths))
 
 
-def ratio_markdown(ratio: pd.DataFrame) -> str:
+def skipped_cells(skipped: pd.DataFrame | None) -> set[tuple[str, int]]:
+    """The (label, eval length) cells with a skipped evaluation."""
+    if skipped is None or skipped.empty:
+        return set()
+    return set(zip(skipped["label"], skipped["eval_len"].astype(int), strict=True))
+
+
+def ratio_markdown(ratio: pd.DataFrame, skipped: pd.DataFrame | None = None) -> str:
+    """The ratio table; a missing ratio whose cell was skipped is marked ‡."""
+    marked = skipped_cells(skipped)
+
+    def cell(lab: str, length: int, x: float) -> str:
+        if not pd.isna(x):
+            return f"{x:.3f}"
+        return "–" + (f" {SKIPPED}" if (lab, length) in marked else "")
+
     rows = [
-        [lab, *("–" if pd.isna(x) else f"{x:.3f}" for x in values)]
+        [lab, *(cell(lab, length, x) for length, x in values.items())]
         for lab, values in ratio.iterrows()
     ]
     return markdown_table(["scheme", *map(str, ratio.columns)], rows, "l" + "r" * ratio.shape[1])
@@ -342,6 +401,7 @@ def markdown_report(
         *(comparison_markdown(report.comparison, df) if report.comparison is not None else []),
         *figures_markdown(report, out),
         *diverged_markdown(diverged),
+        *skipped_markdown(report.skipped),
         "## Runs",
         "",
         runs_markdown(runs),
@@ -384,19 +444,22 @@ def tables_markdown(df: pd.DataFrame, report: Report) -> list[str]:
     title = TITLES[opts.metric]
     how = caption(stats, opts.metric, df)
     grid = ", ".join(str(n) for n in aggregate.score_grid(df))
+    note = [f"{SKIPPED_NOTE} below.", ""] if len(report.skipped) else []
     return [
         f"## {title} by evaluation length",
         "",
         how[0].upper() + how[1:] + ".",
         "",
-        value_markdown(stats, opts.metric),
+        value_markdown(stats, opts.metric, report.skipped),
         "",
+        *note,
         f"## Ratio to L = {opts.baseline}",
         "",
         f"{title} at each length divided by the same scheme's value at L = {opts.baseline}.",
         "",
-        ratio_markdown(report.tables["ratio"]),
+        ratio_markdown(report.tables["ratio"], report.skipped),
         "",
+        *note,
         "## Extrapolation score",
         "",
         f"Mean log-perplexity (NLL, nats/token) over the eval lengths {grid} per run, then the "
@@ -441,6 +504,30 @@ def diverged_markdown(diverged: pd.DataFrame) -> list[str]:
         markdown_table(["scheme", "seed", "run id", "diverged at step"], rows, "lrlr"),
         "",
     ]
+
+
+def skipped_markdown(skipped: pd.DataFrame) -> list[str]:
+    """The skipped-evaluations section, with each reason; none when nothing was skipped."""
+    if skipped.empty:
+        return []
+    rows = [
+        [s.label, format_value(s.seed), s.run_id, format_value(s.eval_len), one_cell(s.reason)]
+        for s in skipped.itertuples()
+    ]
+    return [
+        "## Skipped evaluations",
+        "",
+        f"{SKIPPED} in a table marks a cell with a skipped evaluation: it has no number, and "
+        "a run missing a length of the score's grid gets no score.",
+        "",
+        markdown_table(["scheme", "seed", "run id", "eval length", "reason"], rows, "lrlrl"),
+        "",
+    ]
+
+
+def one_cell(text: object) -> str:
+    """``text`` fit for a table cell: one line, pipes escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
 
 
 def provenance_markdown(df: pd.DataFrame, runs: pd.DataFrame) -> list[str]:

@@ -4,8 +4,9 @@ Each run directory holds ``records.jsonl`` (the numbers), ``positions.jsonl`` (p
 loss per eval length) and ``curve.jsonl`` (training curve); ``pe_bench.store.RunStore`` owns
 them. ``make_record`` builds every record and ``RECORD_KEY`` names what identifies one. Files
 are rewritten whole through a temporary file and ``os.replace``, so a crash leaves the old file
-or the new one, never a half line. ``load_records`` reads every ``records.jsonl`` under a
-folder into one DataFrame.
+or the new one, never a half line (``atomic_write``, also for the report's figures).
+``load_records`` reads every ``records.jsonl`` under a folder into one DataFrame, refusing a
+file that is not JSON lines or that holds more than one trained run.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import platform
 import subprocess
 import tempfile
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pandas as pd
 import torch
@@ -72,14 +73,16 @@ def bits_per_byte(nll: float, bytes_per_token: float = 1.0) -> float:
     return nll / math.log(2) / bytes_per_token
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, whole."""
+def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Call ``write`` on a binary file that then replaces ``path`` whole, so that readers see
+    the old file or the new one: a unique temporary file beside it (two writers never share
+    one), flushed to disk, then ``os.replace``; removed if anything fails or interrupts."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be shared
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -88,34 +91,92 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """``atomic_write`` of ``data``."""
+    atomic_write(path, lambda f: f.write(data))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """``atomic_write_bytes`` of ``text`` as UTF-8."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
 def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(row, allow_nan=True) + "\n" for row in rows))
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSON-lines file; a corrupt line is skipped with a warning naming file and line."""
-    rows = []
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                warnings.warn(f"{path}:{number}: corrupt line skipped", stacklevel=2)
+    """Rows of a JSON-lines file; corrupt lines are skipped with a warning naming file and line."""
+    return [row for _, row in numbered_rows(path)]
+
+
+def numbered_rows(path: Path) -> list[tuple[int, dict]]:
+    """(line number, row) of each JSON object line of ``path``. Lines that are not a JSON
+    object are skipped with one warning naming the file and the first of them; a file that is
+    not UTF-8 text (binary) is a ``UserError`` naming it."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(
+            f"{path}: not a JSON-lines file (byte {err.start} is not UTF-8 text); "
+            "pe-bench writes one JSON object per line"
+        ) from None
+    except OSError as err:
+        raise UserError(f"{path}: cannot be read: {err.strerror}") from None
+    rows, bad = [], []
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # as open() reads
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if isinstance(row, dict):
+            rows.append((number, row))
+        else:
+            bad.append(number)
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        warnings.warn(f"{path}:{bad[0]}: corrupt line skipped{more}", stacklevel=3)
     return rows
 
 
-def load_records(root: str | Path) -> pd.DataFrame:
-    """Every record under ``root`` (multirun folders included) as one DataFrame."""
+def load_records(root: str | Path, check: Callable[[dict], str] | None = None) -> pd.DataFrame:
+    """Every record under ``root`` (multirun folders included) as one DataFrame.
+
+    ``check`` returns what is wrong with a record ('' if nothing), e.g. a field the caller
+    needs; a file with such a record, or with the records of more than one trained run, is a
+    ``UserError`` naming it.
+    """
     root = Path(root)
     if not root.exists():
         raise UserError(f"results folder {str(root)!r} does not exist")
-    files = sorted(root.rglob(RECORDS))
-    rows = [row for file in files for row in read_jsonl(file)]
+    rows = []
+    for file in sorted(root.rglob(RECORDS)):
+        numbered = numbered_rows(file)
+        for number, row in numbered if check else ():
+            problem = check(row)
+            if problem:
+                raise UserError(f"{file}:{number}: {problem}")
+        check_one_run(file, [row for _, row in numbered])
+        rows += [row for _, row in numbered]
     if not rows:
         raise UserError(f"no records under {str(root)!r} (looked for **/{RECORDS})")
     return pd.DataFrame(rows)
+
+
+def check_one_run(file: Path, rows: list[dict]) -> None:
+    """Refuse a records file holding more than one trained run: a job folder holds one trained
+    model (its run id, and ``<run_id>:<key>-<hash>`` for its fine-tunes), so other runs in it
+    were put there by hand and would be averaged in as seeds."""
+    runs = sorted({str(r["run_id"]).split(":")[0] for r in rows if r.get("run_id") is not None})
+    if len(runs) > 1:
+        raise UserError(
+            f"{file} holds records of {len(runs)} trained runs ({', '.join(runs)}); a job "
+            "folder holds one trained model and its fine-tunes: move each run into a folder "
+            "of its own"
+        )
 
 
 @cache

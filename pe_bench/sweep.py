@@ -3,6 +3,8 @@
 ``conf/config.yaml`` registers ``SweepCallback``; it runs in the process that launches the jobs
 (and, under a parallel launcher, in each job's worker too). A job that stopped on bad input
 leaves ``error.txt`` in its folder: the sweep goes on, then names every failed job and exits 1.
+A report that cannot be made (records that cannot share one) also ends the run or sweep with
+exit status 1, after the line that says why.
 """
 
 from __future__ import annotations
@@ -80,22 +82,25 @@ class SweepCallback(Callback):
         log.info("sweep: %d%s jobs done in %.1f min%s", finished, of, elapsed / 60, eta)
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if config.get("report", True) and rank_from_env() == 0:
-            write_report(Path(config.hydra.run.dir), config)
+        wanted = config.get("report", True) and rank_from_env() == 0
+        if wanted and not write_report(Path(config.hydra.run.dir), config):
+            sys.exit(1)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         failed = sorted(sweep_dir.rglob(FAILED))
+        reported = True
         if config.get("report", True) and rank_from_env() == 0:
-            write_report(sweep_dir, config)
-        if failed:
-            for path in failed:
-                log.error("failed: %s: %s", path.parent.name, path.read_text().strip())
+            reported = write_report(sweep_dir, config)
+        for path in failed:
+            log.error("failed: %s: %s", path.parent.name, path.read_text().strip())
+        if failed or not reported:
             sys.exit(1)
 
 
-def write_report(root: Path, config: DictConfig) -> None:
-    """Write the report of ``root``; with logger=wandb, log it as a run of the sweep's group."""
+def write_report(root: Path, config: DictConfig) -> bool:
+    """Write the report of ``root``; with logger=wandb, log it as a run of the sweep's group.
+    False (after logging why) when the records cannot make a report: the caller exits 1."""
     from pe_bench.report import Options, build_report
 
     try:
@@ -110,6 +115,7 @@ def write_report(root: Path, config: DictConfig) -> None:
         )
     except UserError as err:
         log.error("no report: %s", err)
-        return
+        return False
     tracker.log_report(report)
     tracker.finish()
+    return True

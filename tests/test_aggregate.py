@@ -191,3 +191,20 @@ def test_training_curves_mean_over_seeds():
     assert out.loc[("train", 10), "ci_high"] == pytest.approx(2.2 + HALF)
     assert out.loc[("valid", 20), "mean"] == pytest.approx(1.6)
     assert ("valid", 10) not in out.index
+
+
+def test_skipped_evaluations_keep_their_reason():
+    skipped = {"status": "skipped", "nll": None, "ppl": None, "bpb": None}
+    rows = [
+        *three_seeds(),
+        {**record("rope", 0, 64, 0.0, reason="out of memory at L=64: no room"), **skipped},
+        {**record("alibi", 1, 64, 0.0), **skipped},  # an older record without a reason
+    ]
+    df = prepared(rows)
+    assert aggregate.skipped_evaluations(df).values.tolist() == [
+        ["rope", 0, "rope-0", 64, "out of memory at L=64: no room"],
+        ["alibi", 1, "alibi-1", 64, "no reason recorded"],
+    ]
+    stats = aggregate.seed_stats(df, "nll")
+    assert stats.loc[stats["eval_len"] == 64, "n"].tolist() == [0, 0]
+    assert aggregate.skipped_evaluations(prepared(three_seeds())).empty

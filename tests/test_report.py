@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import random
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from matplotlib.figure import Figure
 from PIL import Image
 
 from pe_bench import plots, report
@@ -231,3 +235,197 @@ def test_commands_come_from_hydra_files(tmp_path):
         "pe-bench pe=t5",
         "pe-bench -m pe=rope,alibi 'eval.factors=[1,2]'",
     ]
+
+
+def report_files(folder: Path) -> dict[Path, bytes]:
+    """Every file a report wrote under ``folder`` (report.md, tables, figures) and its bytes."""
+    paths = [folder / "report.md", *sorted((folder / "tables").iterdir())]
+    paths += sorted((folder / "figures").iterdir())
+    return {path: path.read_bytes() for path in paths}
+
+
+def test_every_report_file_replaces_the_old_one_whole(tmp_path, monkeypatch):
+    """Figures, their data, tables and report.md each reach their place by one os.replace of a
+    temporary file beside them: a report killed at any moment leaves each file old or new."""
+    write_runs(tmp_path, three_seeds())
+    report.build_report(tmp_path, echo=False)
+    replaced = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        replaced.append((Path(src).parent, Path(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    report.build_report(tmp_path, echo=False)
+    written = sorted(report_files(tmp_path))
+    assert sorted(dst for _, dst in replaced) == written
+    assert all(folder == dst.parent for folder, dst in replaced)
+
+
+def test_a_figure_that_fails_midway_leaves_the_old_one(tmp_path, monkeypatch):
+    """A figure save that dies halfway through (a kill, a full disk) used to leave a truncated
+    PNG in place of the good one."""
+    write_runs(tmp_path, three_seeds())
+    report.build_report(tmp_path, echo=False)
+    before = report_files(tmp_path)
+
+    def broken_savefig(self, fname, **kwargs):
+        half = b"\x89PNG\r\n"  # the start of a figure, then the writer dies
+        if isinstance(fname, (str, os.PathLike)):
+            Path(fname).write_bytes(half)
+        else:
+            fname.write(half)
+        raise OSError(28, "no space left on device")
+
+    write_runs(tmp_path, [{**r, "nll": r["nll"] + 1} for r in three_seeds()])  # new numbers
+    monkeypatch.setattr(Figure, "savefig", broken_savefig)
+    with pytest.raises(OSError, match="no space left"):
+        report.build_report(tmp_path, echo=False)
+    figures = {p: b for p, b in report_files(tmp_path).items() if p.parent.name == "figures"}
+    assert figures == {p: b for p, b in before.items() if p.parent.name == "figures"}
+    assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_another_run_in_a_job_folder_is_refused(tmp_path, capsys):
+    """A record of another seed dropped into a job folder used to be averaged in (n=2)."""
+    write_runs(tmp_path, three_seeds())
+    path = tmp_path / "rope-0" / "records.jsonl"
+    write_jsonl(path, [*read_rows(path), record("rope", 1, 16, 1.1)])
+    with pytest.raises(SystemExit) as exit_info:
+        report.main([str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert f"{path} holds records of 2 trained runs (rope-0, rope-1)" in err
+
+
+def test_fine_tunes_share_their_models_folder(tmp_path):
+    """A fine-tune's run id is ``<run_id>:<key>-<hash>``: its records live beside its model's."""
+    write_runs(tmp_path, three_seeds())
+    path = tmp_path / "rope-0" / "records.jsonl"
+    tuned = [
+        {**r, "run_id": "rope-0:pi-0123abcd", "finetune": "pi", "nll": r["nll"] - 0.1}
+        for r in read_rows(path)
+    ]
+    write_jsonl(path, [*read_rows(path), *tuned])
+    rep = report.build_report(tmp_path, echo=False)
+    assert rep.tables["nll"]["label"].unique().tolist() == ["rope", "rope:pi", "alibi"]
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def oom(scheme: str, seed: int, eval_len: int) -> dict:
+    """A record of an evaluation skipped for memory, as pe-bench writes it."""
+    reason = f"out of memory at L={eval_len}: CUDA out of memory. Tried to allocate 8.00 GiB"
+    nothing = {"nll": None, "ppl": None, "bpb": None}
+    return {**record(scheme, seed, eval_len, 0.0, status="skipped", reason=reason), **nothing}
+
+
+def test_skipped_evaluations_are_listed_with_their_reason(tmp_path, capsys):
+    rows = [r for r in three_seeds() if (r["run_id"], r["eval_len"]) != ("rope-0", 32)]
+    write_runs(tmp_path, [*rows, oom("rope", 0, 32)])
+    report.build_report(tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    tables = markdown_tables(text)
+    assert tables[0][1] == ["rope", "2.46 (n=1)", "– ‡"]
+    assert tables[1][1] == ["rope", "1.000", "– ‡"]  # the ratio table
+    assert "## Skipped evaluations" in text
+    skipped = next(t for t in tables if t[0][-1] == "reason")
+    assert skipped[1:] == [
+        ["rope", "0", "rope-0", "32", oom("rope", 0, 32)["reason"]],
+    ]
+    assert text.count("‡ skipped evaluations (no number)") == 2  # under the two tables
+    assert "‡ skipped evaluations" in (tmp_path / "tables" / "ppl.md").read_text()
+    assert "‡ skipped evaluations" in capsys.readouterr().out
+
+
+def without(field: str) -> Callable[[Path], None]:
+    """Setup: rope-0's first record lacks ``field``."""
+
+    def setup(folder: Path) -> None:
+        path = folder / "rope-0" / "records.jsonl"
+        first, *rest = read_rows(path)
+        first.pop(field)
+        write_jsonl(path, [first, *rest])
+
+    return setup
+
+
+def with_value(field: str, value: object) -> Callable[[Path], None]:
+    """Setup: rope-0's first record has ``value`` as its ``field``."""
+
+    def setup(folder: Path) -> None:
+        path = folder / "rope-0" / "records.jsonl"
+        first, *rest = read_rows(path)
+        write_jsonl(path, [{**first, field: value}, *rest])
+
+    return setup
+
+
+def replaced_by(data: bytes) -> Callable[[Path], None]:
+    """Setup: rope-0's records.jsonl holds ``data``."""
+    return lambda folder: (folder / "rope-0" / "records.jsonl").write_bytes(data)
+
+
+def another_seed(folder: Path) -> None:
+    path = folder / "rope-0" / "records.jsonl"
+    write_jsonl(path, [*read_rows(path), record("rope", 1, 16, 1.1)])
+
+
+def a_folder_named_records(folder: Path) -> None:
+    (folder / "t5-0" / "records.jsonl").mkdir(parents=True)
+
+
+# (what, setup of a folder of three_seeds' records, what the one-line error says after the
+# file it names): bad records that pe-bench-report must refuse without a traceback.
+BAD_RECORDS = [
+    ("random bytes", replaced_by(random.Random(0).randbytes(4096)), ": not a JSON-lines file"),
+    (
+        "latin-1 text",
+        replaced_by('{"scheme": "café"}\n'.encode("latin-1")),
+        ": not a JSON-lines file (byte 15 is not UTF-8 text)",
+    ),
+    ("no scheme", without("scheme"), ":1: record lacks 'scheme'"),
+    ("no variant", without("variant"), ":1: record lacks 'variant'"),
+    ("no run id", without("run_id"), ":1: record lacks 'run_id'"),
+    ("no eval length", without("eval_len"), ":1: record lacks 'eval_len'"),
+    ("no mode", without("mode"), ":1: record lacks 'mode'"),
+    ("no stride", without("stride"), ":1: record lacks 'stride'"),
+    ("ok but no nll", without("nll"), ":1: record lacks 'nll'"),
+    ("null scheme", with_value("scheme", None), ":1: record lacks 'scheme'"),
+    ("seed a string", with_value("seed", "0"), ":1: record field 'seed' is '0'; expected int"),
+    (
+        "eval length a list",
+        with_value("eval_len", [16]),
+        ":1: record field 'eval_len' is [16]; expected int",
+    ),
+    (
+        "nll a string",
+        with_value("nll", "1.0"),
+        ":1: record field 'nll' is '1.0'; expected int or float",
+    ),
+    (
+        "unknown status",
+        with_value("status", "done"),
+        ":1: status 'done' is not one of ok, skipped, diverged",
+    ),
+    ("two trained runs", another_seed, " holds records of 2 trained runs (rope-0, rope-1)"),
+    ("a folder named records.jsonl", a_folder_named_records, ": cannot be read: Is a directory"),
+]
+
+
+@pytest.mark.parametrize(
+    ("what", "setup", "expected"), BAD_RECORDS, ids=[b[0] for b in BAD_RECORDS]
+)
+def test_bad_records_are_one_line_errors(tmp_path, capsys, what, setup, expected):
+    write_runs(tmp_path, three_seeds())
+    setup(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        report.main([str(tmp_path)])
+    assert exit_info.value.code == 2, what
+    err = capsys.readouterr().err
+    assert err.startswith(f"pe-bench-report: error: {tmp_path}/") and err.count("\n") == 1, err
+    assert "records.jsonl" + expected in err, err

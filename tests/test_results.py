@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 from pe_bench.errors import UserError
-from pe_bench.results import atomic_write_text, load_records, read_jsonl, write_jsonl
+from pe_bench.results import (
+    atomic_write_bytes,
+    atomic_write_text,
+    load_records,
+    read_jsonl,
+    write_jsonl,
+)
 
 
 def test_atomic_write_replaces_whole_file(tmp_path):
@@ -76,3 +82,53 @@ def test_no_records_is_a_clear_error(tmp_path):
         load_records(tmp_path)
     with pytest.raises(UserError, match="does not exist"):
         load_records(tmp_path / "nope")
+
+
+def test_atomic_write_bytes_keeps_the_old_file_when_it_fails(tmp_path, monkeypatch):
+    path = tmp_path / "figure.png"
+    atomic_write_bytes(path, b"old")
+
+    def fail(src, dst):
+        raise OSError("full")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError, match="full"):
+        atomic_write_bytes(path, b"new figure")
+    monkeypatch.undo()
+    assert path.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["figure.png"]
+
+
+def test_records_of_two_trained_runs_in_one_file_are_refused(tmp_path):
+    path = tmp_path / "pe=rope" / "records.jsonl"
+    write_jsonl(path, [{"run_id": "rope-aaa", "seed": 0}, {"run_id": "rope-bbb", "seed": 1}])
+    with pytest.raises(
+        UserError, match=r"records.jsonl holds records of 2 trained runs \(rope-aaa, rope-bbb\)"
+    ):
+        load_records(tmp_path)
+
+
+def test_fine_tunes_are_the_same_trained_run(tmp_path):
+    rows = [{"run_id": "rope-aaa"}, {"run_id": "rope-aaa:pi-123"}, {"run_id": "rope-aaa:ft-456"}]
+    write_jsonl(tmp_path / "pe=rope" / "records.jsonl", rows)
+    assert load_records(tmp_path)["run_id"].tolist() == [r["run_id"] for r in rows]
+
+
+def test_a_binary_file_is_a_one_line_error_naming_it(tmp_path):
+    path = tmp_path / "records.jsonl"
+    path.write_bytes(b'{"a": 1}\n\xff\xfe\x00binary')
+    with pytest.raises(UserError, match=rf"{path}: not a JSON-lines file \(byte 9 is not UTF-8"):
+        read_jsonl(path)
+
+
+def test_lines_that_are_not_objects_are_skipped_with_one_warning(tmp_path):
+    path = tmp_path / "records.jsonl"
+    path.write_text('[1, 2]\n{"a": 1}\n3\n"text"\n')
+    with pytest.warns(UserWarning, match=r"records.jsonl:1: corrupt line skipped \(and 2 more\)"):
+        assert read_jsonl(path) == [{"a": 1}]
+
+
+def test_a_check_names_the_file_and_line(tmp_path):
+    write_jsonl(tmp_path / "records.jsonl", [{"scheme": "rope"}, {"x": 1}])
+    with pytest.raises(UserError, match=r"records.jsonl:2: lacks scheme"):
+        load_records(tmp_path, lambda r: "" if "scheme" in r else "lacks scheme")

@@ -3,10 +3,15 @@ line, and the report at the end (tests/test_cli.py runs whole sweeps, slow)."""
 
 from __future__ import annotations
 
-from pe_bench.results import write_jsonl
-from pe_bench.sweep import sweep_size, write_report
+from pathlib import Path
 
-from .helpers import TRAINABLE, compose, three_seeds
+import pytest
+from omegaconf import DictConfig, open_dict
+
+from pe_bench.results import write_jsonl
+from pe_bench.sweep import SweepCallback, sweep_size, write_report
+
+from .helpers import TINY, TRAINABLE, compose, pe_bench, record, three_seeds
 
 
 def test_sweep_size_counts_the_experiments_jobs():
@@ -18,17 +23,63 @@ def test_sweep_size_is_none_when_it_cannot_tell():
     assert sweep_size(compose()) is None  # no hydra node: no sweeper to read
 
 
-def test_report_at_the_end_of_a_sweep(tmp_path):
-    rows = three_seeds()
+def write_runs(folder: Path, rows: list[dict]) -> None:
+    """Hand-made records, one job folder per run id."""
     for run_id in dict.fromkeys(r["run_id"] for r in rows):
-        write_jsonl(tmp_path / run_id / "records.jsonl", [r for r in rows if r["run_id"] == run_id])
-    write_report(tmp_path, compose())
+        write_jsonl(folder / run_id / "records.jsonl", [r for r in rows if r["run_id"] == run_id])
+
+
+def test_report_at_the_end_of_a_sweep(tmp_path):
+    write_runs(tmp_path, three_seeds())
+    assert write_report(tmp_path, compose())
     text = (tmp_path / "report.md").read_text()
     assert "| alibi" in text and "| rope" in text
     assert (tmp_path / "tables" / "ppl.csv").exists()
 
 
 def test_a_sweep_without_records_logs_why_there_is_no_report(tmp_path, caplog):
-    write_report(tmp_path, compose())
+    assert not write_report(tmp_path, compose())
     assert "no report: no records under" in caplog.text
     assert not (tmp_path / "report.md").exists()
+
+
+def with_dirs(folder: Path) -> DictConfig:
+    """The real config with its run and sweep folder set to ``folder``, as the callback sees it."""
+    cfg = compose()
+    with open_dict(cfg):
+        cfg.hydra = {"run": {"dir": str(folder)}, "sweep": {"dir": str(folder)}}
+    return cfg
+
+
+def mixed_protocols(folder: Path) -> None:
+    """Records that cannot share a report: two training lengths."""
+    write_runs(folder, [*three_seeds(), record("t5", 0, 16, 1.0, train_len=32)])
+
+
+@pytest.mark.parametrize("end", ["on_multirun_end", "on_run_end"])
+def test_a_run_or_sweep_whose_report_fails_exits_1(tmp_path, caplog, end):
+    """The report failing used to end a sweep with exit status 0 after "no report"."""
+    mixed_protocols(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        getattr(SweepCallback(), end)(with_dirs(tmp_path))
+    assert exit_info.value.code == 1
+    assert "no report: records disagree on train_len" in caplog.text
+    assert not (tmp_path / "report.md").exists()
+
+
+@pytest.mark.parametrize("end", ["on_multirun_end", "on_run_end"])
+def test_a_run_or_sweep_whose_report_is_written_returns(tmp_path, end):
+    write_runs(tmp_path, three_seeds())
+    getattr(SweepCallback(), end)(with_dirs(tmp_path))
+    assert (tmp_path / "report.md").exists()
+
+
+@pytest.mark.slow
+def test_a_whole_sweep_whose_report_fails_exits_1(tmp_path):
+    """End to end (starts pe-bench and trains two tiny models): jobs fine, report refused."""
+    tiny = [o for o in TINY if not o.startswith(("train.seq_len=", "eval.factors="))]
+    proc = pe_bench(
+        "-m", "pe=rope", "train.seq_len=8,16", "eval.factors=[1]", *tiny, "name=mixed", out=tmp_path
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "no report: records disagree on train_len" in proc.stdout + proc.stderr

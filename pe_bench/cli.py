@@ -49,7 +49,7 @@ from pe_bench.evaluate import EvalTask, evaluate_tasks
 from pe_bench.model import GPT
 from pe_bench.plan import Finetune, Plan, RunConfig, plan
 from pe_bench.results import atomic_write_text, make_record, provenance
-from pe_bench.store import RunStore
+from pe_bench.store import RunStore, job_lock
 from pe_bench.sweep import FAILED
 from pe_bench.train import Diverged, TrainResult, finetune, fit
 
@@ -74,7 +74,14 @@ def run(cfg: DictConfig | RunConfig, out_dir: Path) -> list[dict[str, Any]]:
     """Train the configured model, evaluate it at every eval length, write ``out_dir`` records;
     then the same for each fine-tune of it. Returns every record of the run (cached included)."""
     job = plan(cfg)
-    ctx = _context(job, out_dir)
+    world, device = _world_and_device(job.device)
+    with job_lock(out_dir, take=world.main):  # torchrun: rank 0 holds it for every rank
+        return _run(_context(job, out_dir, world, device))
+
+
+def _run(ctx: RunContext) -> list[dict[str, Any]]:
+    """``run`` once the job folder is held: only the records missing from it are computed."""
+    job, out_dir = ctx.job, ctx.store.folder
     todo = {rid: ctx.store.missing(rid, tasks, job.n_targets) for rid, tasks in job.owed()}
     if not any(todo.values()):
         log.info(
@@ -136,11 +143,10 @@ class RunContext:
         }
 
 
-def _context(job: Plan, out_dir: Path) -> RunContext:
-    """Load the data, join the other processes (torchrun) and open the job folder."""
+def _context(job: Plan, out_dir: Path, world: World, device: torch.device) -> RunContext:
+    """Load the data and open the job folder."""
     corpus = load_corpus(job.cfg.data)
     stream = eval_stream(corpus, job.n_targets)
-    world, device = _world_and_device(job.device)
     store = RunStore(out_dir, job.run_ids, corpus.sha, fresh=job.cfg.force, writer=world.main)
     return RunContext(job, corpus, stream, store, world, device)
 
@@ -179,6 +185,7 @@ def _finetune(
     ctx: RunContext, ft: Finetune, model: GPT, fields: dict[str, Any], tasks: list[EvalTask]
 ) -> None:
     """Fine-tune a copy of the trained model, then evaluate it (its records get ``fields``)."""
+    log.info("finetune %s:%s: %d records to compute", ctx.job.scheme.name, ft.key, len(tasks))
     try:
         tuned, result = finetune(
             model,
@@ -265,6 +272,9 @@ def _finish(tracker: tracking.Tracker, ctx: RunContext) -> list[dict[str, Any]]:
     """Log the records to the tracker and return them (rank 0; the other ranks return none)."""
     if not ctx.world.main:
         return []
+    log.info(
+        "run %s: done, %d records in %s", ctx.job.run_id, len(ctx.store.records), ctx.store.folder
+    )
     tracker.log_records(ctx.store.records)
     tracker.finish()
     return ctx.store.records

@@ -3,16 +3,26 @@ training curves, starting over.
 
 A job folder holds one trained model and its fine-tunes (each a run id): ``records.jsonl``,
 ``positions.jsonl`` (per-position loss of each ok record), ``curve.jsonl`` (training curves,
-the trained model's first), ``config.yaml`` and the checkpoints. Rows of other run ids or
-another corpus are stale and dropped at the next write; skipped records are retried.
+the trained model's first), ``config.yaml`` and the checkpoints. Records of other run ids or
+another corpus are stale and dropped at the next write; skipped records are retried. A
+position row lives as long as its record, a curve as long as a record of its run id: neither
+carries the corpus hash, and a row whose record was never written (a kill between the two
+writes) is computed again with it, never twice.
+
+One run at a time holds a job folder (``job_lock``): it may then delete the temporary files a
+killed run left behind, since nobody else is writing them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pe_bench.errors import UserError
 from pe_bench.evaluate import EvalTask
 from pe_bench.results import (
     CURVE,
@@ -28,6 +38,36 @@ from pe_bench.results import (
 log = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoint.pt"  # the trained model's; a fine-tune's is checkpoint-<key>.pt
+LOCK = ".lock"  # held (flock) by the run that owns the folder; reports read records only
+# Temporary files of this folder's own writes (``atomic_write_text``, ``save_checkpoint``):
+# ".<name>.<random>.tmp", and ".checkpoint.pt.tmp" as older versions named it.
+STRAYS = [f".{name}.*tmp" for name in (RECORDS, POSITIONS, CURVE, "config.yaml")] + [
+    ".checkpoint*.pt.*tmp"
+]
+
+
+@contextlib.contextmanager
+def job_lock(folder: Path, take: bool = True) -> Iterator[None]:
+    """Hold ``folder`` for one run: two runs of one job would both train and overwrite each
+    other's checkpoints. Non-blocking, so a second run is refused at once in one line; the
+    kernel releases the lock when its process dies, so a killed run never leaves it held.
+    ``take=False`` (torchrun ranks but 0, which share rank 0's job) holds nothing."""
+    if not take:
+        yield
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / LOCK, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(
+                f"{folder} is in use by another pe-bench run (it holds {folder / LOCK}); "
+                "wait for it to end, or pick another out_root"
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 class RunStore:
@@ -44,25 +84,37 @@ class RunStore:
         self.folder, self.run_ids, self.corpus_sha = folder, run_ids, corpus_sha
         self.writer = writer
         folder.mkdir(parents=True, exist_ok=True)
+        if writer:
+            self._remove_strays()
         if fresh and writer:
             self.start_over()
-        self.records = [r for r in self._ours(RECORDS, fresh) if r.get("status") != "skipped"]
-        self.positions = self._ours(POSITIONS, fresh)
-        self.curves: dict[str, list[dict]] = {}
-        for row in self._ours(CURVE, fresh):
-            self.curves.setdefault(row["run_id"], []).append(row)
+        self.records = [
+            r
+            for r in self._rows(RECORDS, fresh)
+            if r.get("run_id") in run_ids
+            and r.get("corpus_sha") == corpus_sha
+            and r.get("status") != "skipped"
+        ]
         self._done = {record_key(r) for r in self.records}
+        self.positions = [r for r in self._rows(POSITIONS, fresh) if record_key(r) in self._done]
+        trained = {r["run_id"] for r in self.records}
+        self.curves: dict[str, list[dict]] = {}
+        for row in self._rows(CURVE, fresh):
+            if row.get("run_id") in trained:
+                self.curves.setdefault(row["run_id"], []).append(row)
 
-    def _ours(self, name: str, fresh: bool) -> list[dict]:
-        """Rows of this very run (same run ids and corpus); the rest is stale."""
+    def _rows(self, name: str, fresh: bool) -> list[dict]:
+        """The rows of file ``name`` (none when starting over)."""
         if fresh or not (self.folder / name).exists():
             return []
-        rows = read_jsonl(self.folder / name)
-        return [
-            r
-            for r in rows
-            if r.get("run_id") in self.run_ids and r.get("corpus_sha") == self.corpus_sha
-        ]
+        return read_jsonl(self.folder / name)
+
+    def _remove_strays(self) -> None:
+        """Delete the temporary files a killed run of this folder left (the lock is ours)."""
+        for pattern in STRAYS:
+            for path in self.folder.glob(pattern):
+                path.unlink(missing_ok=True)
+                log.info("removed %s, left by a run that was stopped", path)
 
     def start_over(self) -> None:
         """Delete the records, curves and checkpoints."""
@@ -78,7 +130,9 @@ class RunStore:
 
     def add(self, record: dict[str, Any], position_loss: list[float | None] | None = None) -> None:
         """Add a record (and the per-position loss of an ok one) and rewrite the files whole:
-        a kill loses at most the record being computed."""
+        a kill loses at most the record being computed. The position row is written first: a
+        kill between the two writes leaves a row without its record, which the next run drops
+        and computes again (the other order would leave a record whose row is never made)."""
         self.records.append(record)
         self._done.add(record_key(record))
         if position_loss is not None:

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import math
 import os
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -186,18 +187,40 @@ class Diverged(RuntimeError):
 
 
 def save_checkpoint(path: Path, state: dict) -> None:
-    """``torch.save`` through a temporary file and rename: a kill leaves the old or the new one."""
+    """``torch.save`` through a temporary file and rename: a kill leaves the old or the new one.
+    The temporary name is unique (two processes never share one) and is removed on failure."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; checkpoints are meant to be shared
+        with os.fdopen(fd, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def load_checkpoint(path: Path, fingerprint: str) -> dict | None:
-    """The checkpoint at ``path`` if it belongs to this run (same ``fingerprint``), else None."""
+    """The checkpoint at ``path`` if it belongs to this run (same ``fingerprint``), else None.
+
+    An unreadable one stops the run with one line naming it: pe-bench's own writes are atomic,
+    so a cut-short file means something outside the run (a full disk, a copy cut short) that
+    the user should see, and silently retraining would throw away what it may still hold."""
     if not path.exists():
         return None
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        if not isinstance(state, dict):
+            raise TypeError(f"it holds a {type(state).__name__}, not a training state")
+    except Exception as err:  # truncated or foreign: OSError, EOFError, UnpicklingError, ...
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(
+            f"checkpoint {path} cannot be read ({type(err).__name__}: {reason}); delete it, "
+            "or rerun with force=true to train this run from scratch"
+        ) from None
     if state.get("fingerprint") != fingerprint:
         log.warning("%s belongs to another config; training from scratch", path)
         return None

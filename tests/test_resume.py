@@ -15,10 +15,12 @@ import pytest
 import torch
 
 from pe_bench import cli, evaluate
+from pe_bench.errors import UserError
 from pe_bench.plan import plan
-from pe_bench.results import load_records, write_jsonl
+from pe_bench.results import load_records, read_jsonl, write_jsonl
+from pe_bench.train import save_checkpoint
 
-from .helpers import TINY
+from .helpers import TINY, pe_bench
 
 # ~4 s of training on 2 cores, checkpoints every 20 of 400 steps: a kill lands mid-training.
 SLOW = [
@@ -232,6 +234,20 @@ def test_finetunes_are_cached_and_resumed(tmp_path, caplog, tiny_config):
     assert numbers(third, "ft") == numbers(first, "ft")
 
 
+def test_a_kill_in_the_second_finetunes_evaluation_keeps_the_first_ones_curve(
+    tmp_path, tiny_config
+):
+    cfg = tiny_config(*FINETUNED)
+    cli.run(cfg, tmp_path)
+    curve, records = read_jsonl(tmp_path / "curve.jsonl"), read_jsonl(tmp_path / "records.jsonl")
+    assert {r["run_id"].split(":")[-1][:2] for r in curve} == {"ft", "pi", "ro"}
+    # killed while the second fine-tune's last record was being computed
+    write_jsonl(tmp_path / "records.jsonl", records[:-1])
+    cli.run(cfg, tmp_path)
+    assert read_jsonl(tmp_path / "curve.jsonl") == curve
+    assert len(read_jsonl(tmp_path / "positions.jsonl")) == len(records) == 15
+
+
 def test_a_diverged_finetune_is_recorded_and_the_rest_goes_on(tmp_path, tiny_config):
     overrides = ["finetunes.ft.lr=1e9", "finetunes.ft.steps=20"]
     rows = cli.run(tiny_config(*FINETUNED, *overrides), tmp_path)
@@ -243,3 +259,91 @@ def test_a_diverged_finetune_is_recorded_and_the_rest_goes_on(tmp_path, tiny_con
 def test_a_finetune_applies_to_its_scheme_only(tiny_config):
     alibi = plan(tiny_config("pe=alibi", "+finetune@finetunes.pi=pi", "+finetune@finetunes.ft=ft"))
     assert [(ft.key, ft.scheme.name) for ft in alibi.finetunes] == [("ft", "alibi")]
+
+
+def test_a_corrupt_checkpoint_is_one_line_naming_it_and_force(tmp_path, tiny_config):
+    """``truncate -s 50000 checkpoint.pt`` (a full disk, a copy cut short): every rerun said
+    OSError/EOFError/UnpicklingError with a traceback; now one line naming the file and the way
+    out, and force=true trains afresh."""
+    cfg = tiny_config("pe=nope", "finetunes=null")
+    first = cli.run(cfg, tmp_path)
+    checkpoint = tmp_path / "checkpoint.pt"
+    with open(checkpoint, "r+b") as f:
+        f.truncate(checkpoint.stat().st_size // 2)
+    write_jsonl(tmp_path / "records.jsonl", first[:-1])  # one record to compute: loads it
+    with pytest.raises(UserError, match="force=true") as caught:
+        cli.run(cfg, tmp_path)
+    assert str(checkpoint) in str(caught.value) and "\n" not in str(caught.value)
+    forced = cli.run(tiny_config("pe=nope", "force=true"), tmp_path)
+    assert [r["nll"] for r in forced] == [r["nll"] for r in first]
+
+
+def test_two_checkpoint_saves_never_share_a_temporary_file(tmp_path, monkeypatch):
+    """Two identical commands both wrote ``.checkpoint.pt.tmp`` and one crashed; a failed save
+    leaves no temporary file behind."""
+    names = []
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):  # the temporary file: a path, or an open file in it
+        names.append(f if isinstance(f, str | Path) else os.readlink(f"/proc/self/fd/{f.fileno()}"))
+        if len(names) == 3:
+            raise OSError("No space left on device")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, {"step": 1})
+    save_checkpoint(path, {"step": 2})
+    assert len({str(n) for n in names}) == 2 and all(Path(n).parent == tmp_path for n in names)
+    with pytest.raises(OSError, match="No space"):
+        save_checkpoint(path, {"step": 3})
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+    assert torch.load(path, weights_only=True) == {"step": 2}
+
+
+@pytest.mark.slow
+def test_two_identical_commands_at_once_never_crash(tmp_path):
+    """With a checkpoint every step both processes used to write one temp file; now one trains
+    and the other is refused in one line naming the folder (or runs after it, cached)."""
+    args = [*SLOW, "train.ckpt_every=1", "train.steps=200", f"out_root={tmp_path}"]
+    procs = [
+        subprocess.Popen(command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outs = [(p.wait(timeout=600), *p.communicate()) for p in procs]
+    assert sorted(rc for rc, _, _ in outs) in ([0, 0], [0, 2]), [err[-2000:] for *_, err in outs]
+    for rc, _, err in outs:
+        assert "Traceback" not in err
+        if rc == 2:
+            assert err.strip().endswith("wait for it to end, or pick another out_root")
+            assert "is in use by another pe-bench run" in err.strip().splitlines()[-1]
+    df = load_records(tmp_path)
+    assert len(df) == 2 and not df.duplicated(["run_id", "eval_len"]).any()
+
+
+@pytest.mark.slow
+def test_adding_an_eval_length_from_the_command_line_reuses_the_trained_model(tmp_path):
+    """eval.* keys are left out of the job folder's name: the second command finds the first's
+    folder and checkpoint and computes only the new length."""
+    first = pe_bench(*TINY, "pe=alibi", "eval.factors=[1,2]", out=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    more = pe_bench(*TINY, "pe=alibi", "eval.factors=[1,2,4]", out=tmp_path)
+    assert more.returncode == 0, more.stderr[-2000:]
+    log = more.stderr + more.stdout
+    assert "1 of 3 records to compute" in log and "resumed at step 3 of 3" in log
+    (folder,) = [p for p in (tmp_path / "default").iterdir() if p.is_dir()]
+    assert "eval" not in folder.name
+    assert sorted(r["eval_len"] for r in records(folder)) == [16, 32, 64]
+
+
+@pytest.mark.slow
+def test_kill_anywhere_trials_end_equal_to_an_uninterrupted_run(tmp_path):
+    """Three trials of experiments/kill_anywhere.py (the committed run has many more)."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "experiments"))
+    try:
+        import kill_anywhere
+    finally:
+        sys.path.pop(0)
+    summary = kill_anywhere.run_trials(tmp_path, trials=3, seed=1)
+    assert summary.mismatches == [], summary.mismatches
+    assert len(summary.trials) == 3

@@ -518,7 +518,7 @@ def skipped_markdown(skipped: pd.DataFrame) -> list[str]:
         "## Skipped evaluations",
         "",
         f"{SKIPPED} in a table marks a cell with a skipped evaluation: it has no number, and "
-        "a run missing a length of the score's grid gets no score.",
+        "the extrapolation score averages over the lengths every scheme has numbers at.",
         "",
         markdown_table(["scheme", "seed", "run id", "eval length", "reason"], rows, "lrlrl"),
         "",

@@ -11,8 +11,6 @@ import copy
 import dataclasses
 import logging
 import math
-import os
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +27,7 @@ from pe_bench.distributed import World
 from pe_bench.errors import UserError
 from pe_bench.model import GPT
 from pe_bench.positions import PositionScheme
+from pe_bench.results import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -187,20 +186,9 @@ class Diverged(RuntimeError):
 
 
 def save_checkpoint(path: Path, state: dict) -> None:
-    """``torch.save`` through a temporary file and rename: a kill leaves the old or the new one.
-    The temporary name is unique (two processes never share one) and is removed on failure."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; checkpoints are meant to be shared
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """``torch.save`` through ``atomic_write``: a kill leaves the old or the new one, and two
+    processes never share a temporary file (its name is unique; removed on failure)."""
+    atomic_write(path, lambda f: torch.save(state, f))
 
 
 def load_checkpoint(path: Path, fingerprint: str) -> dict | None:

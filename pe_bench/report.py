@@ -19,11 +19,13 @@ in ``pe_bench.aggregate``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import os
 import shlex
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,14 +152,41 @@ def build_report(
         report.comparison = compare.compare(stats["ppl"], training_length(df), published)
     ratio = aggregate.ratio_table(stats[options.metric], options.baseline)
     report.tables = {**stats, "ratio": ratio, "score": aggregate.extrapolation_scores(df)}
-    write_tables(out / "tables", report)
     diverged = aggregate.diverged_runs(df)
     note = diverged_note(diverged)
-    report.figures = draw_figures(out / "figures", root, df, report.tables, options, note)
-    atomic_write_text(report.path, markdown_report(root, out, df, report, diverged))
+    with report_lock(out):
+        write_tables(out / "tables", report)
+        report.figures = draw_figures(out / "figures", root, df, report.tables, options, note)
+        atomic_write_text(report.path, markdown_report(root, out, df, report, diverged))
     if echo:
         print_summary(report, df, note)
     return report
+
+
+# The temporary files of a report's writes (``atomic_write``) that a killed report leaves.
+STRAYS = (".report.md.*.tmp", "tables/.*.tmp", "figures/.*.tmp")
+
+
+@contextlib.contextmanager
+def report_lock(out: Path) -> Iterator[None]:
+    """Hold ``out`` while a report writes into it: a second report at once is refused in one
+    line (the kernel releases the lock if the holder dies). Holding it, the temporary files a
+    killed report left behind are removed, since nobody else is writing them."""
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out, os.O_RDONLY)  # a lock on the folder itself: no lock file to leave
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(
+                f"{out} is being written by another report; wait for it to end"
+            ) from None
+        for pattern in STRAYS:
+            for stray in out.glob(pattern):
+                stray.unlink(missing_ok=True)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def write_tables(folder: Path, report: Report) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -285,6 +286,30 @@ def test_a_figure_that_fails_midway_leaves_the_old_one(tmp_path, monkeypatch):
     figures = {p: b for p, b in report_files(tmp_path).items() if p.parent.name == "figures"}
     assert figures == {p: b for p, b in before.items() if p.parent.name == "figures"}
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_a_killed_reports_temporary_files_are_removed(tmp_path):
+    """A report killed mid-write leaves its temporary file; the next report clears it."""
+    write_runs(tmp_path, three_seeds())
+    report.build_report(tmp_path, echo=False)
+    strays = [".report.md.ab12.tmp", "tables/.ppl.csv.cd34.tmp", "figures/.ratio_heatmap.pdf.x.tmp"]
+    kept = [".records.jsonl.ef56.tmp", "notes.tmp", "figures/keep.txt"]
+    for name in strays + kept:
+        (tmp_path / name).write_bytes(b"")
+    report.build_report(tmp_path, echo=False)
+    assert [name for name in strays + kept if (tmp_path / name).exists()] == kept
+
+
+def test_two_reports_into_one_folder_at_once_are_refused(tmp_path):
+    write_runs(tmp_path, three_seeds())
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a report writing there holds it
+        with pytest.raises(report.UserError, match="is being written by another report"):
+            report.build_report(tmp_path, echo=False)
+    finally:
+        os.close(fd)
+    assert not (tmp_path / "report.md").exists()
 
 
 def test_another_run_in_a_job_folder_is_refused(tmp_path, capsys):

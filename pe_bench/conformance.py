@@ -44,7 +44,7 @@ import copy
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import yaml
@@ -53,7 +53,14 @@ from torch import Tensor
 from pe_bench.attention import attention_logits, causal_allowed
 from pe_bench.errors import UserError
 from pe_bench.model import GPT, ModelConfig, seeded_scheme
-from pe_bench.positions import ModelDims, PositionScheme, build_scheme, load_plugin, scheme_class
+from pe_bench.positions import (
+    ModelDims,
+    PositionScheme,
+    build_scheme,
+    checked_options,
+    load_plugin,
+    scheme_class,
+)
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 SHIFTS = (1, 37, 1000)  # position shifts of the relative check
@@ -601,8 +608,33 @@ def _option(text: str) -> tuple[str, Any]:
     return key, yaml.safe_load(value)
 
 
+MAX_TRAIN_LEN = 4096  # the kit checks up to 3x the training length on a tiny model
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (not usage + error) with status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _train_len(text: str) -> int:
+    """``--train-len``: an integer from 1 to ``MAX_TRAIN_LEN``."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_TRAIN_LEN or str(value) != text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer from 1 to {MAX_TRAIN_LEN}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
+    """``pe-bench-check``: every check on one scheme, PASS/FAIL per check; a bad argument (an
+    unknown scheme or option, an option of the wrong type or range, a plugin that does not
+    import) is one line with status 2, never a failed check blamed on the scheme."""
+    parser = _OneLineParser(
         prog="pe-bench-check",
         description="Check that a position scheme keeps the contract of pe-bench's model.",
     )
@@ -616,14 +648,19 @@ def main(argv: list[str] | None = None) -> None:
         metavar="KEY=VALUE",
         help="a scheme option, as in the pe config (repeatable; values parsed as YAML)",
     )
-    parser.add_argument("--train-len", type=int, default=16, help="training length (default 16)")
+    parser.add_argument(
+        "--train-len", type=_train_len, default=16, help="training length (default 16)"
+    )
     args = parser.parse_args(argv)
     try:
+        if args.plugin:
+            load_plugin(args.plugin, "--plugin")
+        options = dict(args.option)
+        checked_options(scheme_class(args.scheme), options, "--option ")
         report = check_scheme(
-            args.scheme, options=dict(args.option), plugin=args.plugin, train_len=args.train_len
+            args.scheme, options=options, plugin=args.plugin, train_len=args.train_len
         )
     except UserError as err:
-        print(f"pe-bench-check: error: {err}", file=sys.stderr)
-        sys.exit(2)
+        parser.error(str(err))
     print(report)
     sys.exit(0 if report.passed else 1)

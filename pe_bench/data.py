@@ -23,19 +23,43 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from torch import Tensor
 
+from pe_bench.config import Range, from_node
 from pe_bench.errors import UserError
 
 log = logging.getLogger(__name__)
 
+VOCAB_SIZE = 256  # the byte tokenizer's symbols: every source's corpus has these
 SPLITS = ("train", "valid", "test")
 SOURCES = ("stdlib", "text", "hf")
 HF_SPLITS = {"train": "train", "valid": "validation", "test": "test"}  # data.splits default
 STDLIB_SKIP = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
+SPLIT_MODES = ("auto", "document", "bytes")
+FRACTION = Range(gt=0, lt=1)  # of the data in the valid or the test split: neither is empty
+
+
+@dataclass
+class DataConfig:
+    """Every key a ``data`` config may have (conf/data/*.yaml; each source reads its own), with
+    its type and range: ``check_config`` refuses the rest before any data is read."""
+
+    source: str = "stdlib"
+    path: str | None = None  # text: a file or folder
+    glob: str = "**/*.txt"  # text: which files of a folder
+    split: str = "auto"  # stdlib, text: document, bytes or auto
+    min_documents: Annotated[int, Range(ge=1)] = 20  # auto: documents if at least this many
+    valid_frac: Annotated[float, FRACTION] = 0.05
+    test_frac: Annotated[float, FRACTION] = 0.05
+    name: str | None = None  # hf: the dataset
+    config: str | None = None  # hf: its configuration
+    data_files: Any = None  # hf: passed to datasets.load_dataset as it is
+    kwargs: dict[str, Any] | None = None  # hf: more keyword arguments for load_dataset
+    text_field: str = "text"  # hf: the column with the text
+    splits: dict[str, Any] | None = None  # hf: our split -> the dataset's
 
 
 @dataclass(frozen=True)
@@ -58,20 +82,33 @@ def load_corpus(cfg: Mapping[str, Any]) -> Corpus:
 def check_config(cfg: Mapping[str, Any]) -> None:
     """Refuse a ``data`` config that cannot load, without reading any data (so a sweep stops
     before training, and configs of remote datasets can be checked offline)."""
+    if not isinstance(cfg, Mapping):
+        raise UserError(f"data={cfg!r} must be a data config; pick one with data=stdlib|text|hf")
     source = cfg.get("source")
     if source not in SOURCES:
         raise UserError(f"unknown data.source {source!r}; allowed: {', '.join(SOURCES)}")
-    if source == "text" and not cfg.get("path"):
+    missing = "???"  # OmegaConf's mandatory value that nobody set
+    if source == "text" and cfg.get("path") in (None, "", missing):
         raise UserError("data=text needs data.path=<file or folder>")
+    if source == "hf" and cfg.get("name") in (None, "", missing):
+        raise UserError("data=hf needs data.name=<dataset>, e.g. Salesforce/wikitext")
+    data = from_node(DataConfig, cfg, "data")
+    if source == "text" and not Path(str(data.path)).expanduser().exists():
+        raise UserError(f"data.path={data.path!r} does not exist")
+    if data.split not in SPLIT_MODES:
+        raise UserError(f"data.split={data.split!r} is not one of {', '.join(SPLIT_MODES)}")
+    if data.valid_frac + data.test_frac >= 1:
+        raise UserError(
+            f"data.valid_frac + data.test_frac must be < 1 (the rest is the train split), got "
+            f"{data.valid_frac:g} + {data.test_frac:g}"
+        )
     if source == "hf":
-        if not cfg.get("name"):
-            raise UserError("data=hf needs data.name=<dataset>, e.g. Salesforce/wikitext")
-        names = cfg.get("splits") or HF_SPLITS
-        missing = [split for split in SPLITS if not names.get(split)]
-        if missing:
+        names = data.splits or HF_SPLITS
+        missing_splits = [split for split in SPLITS if not names.get(split)]
+        if missing_splits:
             raise UserError(
-                f"data.splits lacks {', '.join(missing)}: name the dataset's split for each of "
-                f"{', '.join(SPLITS)}, e.g. data.splits.valid=validation"
+                f"data.splits lacks {', '.join(missing_splits)}: name the dataset's split for "
+                f"each of {', '.join(SPLITS)}, e.g. data.splits.valid=validation"
             )
 
 

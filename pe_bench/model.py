@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 import torch.nn.functional as F
@@ -32,17 +32,18 @@ from pe_bench.attention import (
     flex_attention,
     use_flex,
 )
+from pe_bench.config import Range, check_fields
 from pe_bench.errors import UserError
 from pe_bench.positions import ModelDims, PositionScheme, build_scheme
 
 
 @dataclass
 class ModelConfig:
-    vocab_size: int = 256  # byte-level tokenizer
-    d_model: int = 128
-    num_layers: int = 4
-    num_heads: int = 4
-    mlp_ratio: int = 4  # MLP hidden width = mlp_ratio * d_model
+    vocab_size: Annotated[int, Range(ge=1)] = 256  # byte-level tokenizer (plan: >= 256)
+    d_model: Annotated[int, Range(ge=1)] = 128
+    num_layers: Annotated[int, Range(ge=1)] = 4
+    num_heads: Annotated[int, Range(ge=1)] = 4
+    mlp_ratio: Annotated[int, Range(ge=1)] = 4  # MLP hidden width = mlp_ratio * d_model
     tie_embeddings: bool = False  # share the input embedding with the output head
     # How schemes with a logit term attend: "sdpa" (float masks, by query chunks), "flex"
     # (FlexAttention score_mod, no mask; no backward on CPU) or "auto" (flex where measured
@@ -54,9 +55,7 @@ class ModelConfig:
             raise UserError(
                 f"model.attention={self.attention!r} is not one of {', '.join(ATTENTION)}"
             )
-        for field in ("vocab_size", "d_model", "num_layers", "num_heads", "mlp_ratio"):
-            if getattr(self, field) < 1:
-                raise UserError(f"model.{field} must be >= 1, got {getattr(self, field)}")
+        check_fields(self, "model")
         if self.d_model % self.num_heads:
             raise UserError(
                 f"model.num_heads ({self.num_heads}) must divide model.d_model ({self.d_model})"

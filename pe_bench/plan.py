@@ -9,22 +9,39 @@ each fine-tune's. The model itself is built only when the run needs it (``Plan.b
 
 from __future__ import annotations
 
+import difflib
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from pe_bench import tracking
 from pe_bench.config import config_hash, from_node, to_dict
-from pe_bench.data import check_config
+from pe_bench.data import VOCAB_SIZE, check_config
 from pe_bench.errors import UserError
 from pe_bench.evaluate import EvalConfig, EvalTask, eval_tasks
 from pe_bench.model import GPT, ModelConfig, build_model, check_attention
-from pe_bench.positions import PositionScheme, build_scheme, scheme_class
+from pe_bench.positions import (
+    META_KEYS,
+    PositionScheme,
+    build_scheme,
+    checked_options,
+    load_plugin,
+    scheme_class,
+)
 from pe_bench.train import FinetuneConfig, TrainConfig, resolve_device
 
 log = logging.getLogger(__name__)
+
+# The keys a composed config may have at its top: conf/config.yaml's and its groups'.
+# Anything else is a typo that Hydra added as a new key (``+modle=smoke``) and nothing reads.
+TOP_KEYS = (
+    *("pe", "model", "data", "train", "eval", "logger"),
+    *("name", "out_root", "report", "force", "finetunes", "compare"),
+)
 
 
 @dataclass(frozen=True)
@@ -49,11 +66,17 @@ class RunConfig:
     def parse(cls, cfg: DictConfig) -> RunConfig:
         if "hydra" in cfg:  # composed with return_hydra_config: the run's own config only
             cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+        check_top_keys(cfg)
         resolved = to_dict(cfg)
         pe = resolved.get("pe")
         if not isinstance(pe, dict) or "name" not in pe:
             raise UserError("pe must be a scheme config with a name; pick one with pe=<name>")
         finetunes = resolved.get("finetunes") or {}
+        if not isinstance(finetunes, dict):
+            raise UserError(
+                f"finetunes={finetunes!r} must map keys to fine-tunes, e.g. "
+                "+finetune@finetunes.pi=pi"
+            )
         # The trained model's identity: architecture, scheme, data and training; how attention
         # is computed is left out (the numbers are the same either way). Each part enters the
         # hash as its config node's str() (its keys in config order, interpolations as
@@ -75,6 +98,19 @@ class RunConfig:
             name=str(resolved.get("name", "default")),
             force=bool(resolved.get("force", False)),
             logger=resolved.get("logger"),
+        )
+
+
+def check_top_keys(cfg: DictConfig) -> None:
+    """Refuse a top-level key nothing reads (``+modle=smoke``: a misspelled group that Hydra
+    adds as a plain value), naming the allowed keys and the closest one."""
+    unknown = sorted(str(key) for key in cfg if key not in TOP_KEYS and key != "hydra")
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(key, TOP_KEYS, n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise UserError(
+            f"unknown key {key}{hint}; allowed: {', '.join(sorted(TOP_KEYS))}, experiment"
         )
 
 
@@ -137,9 +173,7 @@ def plan(cfg: DictConfig | RunConfig) -> Plan:
     served, before any data is read or any training."""
     run_cfg = cfg if isinstance(cfg, RunConfig) else RunConfig.parse(cfg)
     train_len = run_cfg.train.seq_len
-    check_config(run_cfg.data)
-    device = resolve_device(run_cfg.train.device)
-    check_attention(run_cfg.model, device)
+    device = _check_inputs(run_cfg)
     scheme = _built(run_cfg.pe, run_cfg)
     if scheme.variant_of:
         raise UserError(
@@ -161,10 +195,55 @@ def plan(cfg: DictConfig | RunConfig) -> Plan:
     return Plan(run_cfg, scheme, run_hash, device, tasks, n_targets, finetunes)
 
 
-def _built(pe_cfg: dict[str, Any], cfg: RunConfig) -> PositionScheme:
-    """A scheme built for this model, leaving the global random stream as it was."""
+def _check_inputs(cfg: RunConfig) -> torch.device:
+    """Check what the typed configs cannot check alone (data, vocabulary, device, memory,
+    logger); returns the device the run trains on."""
+    check_config(cfg.data)
+    if cfg.model.vocab_size < VOCAB_SIZE:
+        raise UserError(
+            f"model.vocab_size={cfg.model.vocab_size} is smaller than the corpus's "
+            f"{VOCAB_SIZE} byte symbols; allowed: >= {VOCAB_SIZE}"
+        )
+    device = resolve_device(cfg.train.device)
+    check_attention(cfg.model, device)
+    check_step_memory(cfg.train, cfg.model, device, "train")
+    for key, ft in cfg.finetunes.items():
+        check_step_memory(ft.train_config(cfg.train), cfg.model, device, f"finetunes.{key}")
+    tracking.check_config(cfg.logger)
+    return device
+
+
+def device_memory(device: torch.device) -> int:
+    """Bytes of memory of ``device``: the GPU's, or the machine's for the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_step_memory(
+    train: TrainConfig, model: ModelConfig, device: torch.device, where: str
+) -> None:
+    """Refuse a batch whose training step cannot fit in the device's memory even at its
+    smallest (the global batch of token ids, and this process's embeddings and logits), which
+    torch would find only by failing an allocation."""
+    tokens = train.batch_size * train.seq_len
+    per_rank = tokens // max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    need = 16 * tokens + 4 * per_rank * (model.vocab_size + model.d_model)
+    have = device_memory(device)
+    if need > have:
+        raise UserError(
+            f"{where}.batch_size={train.batch_size} x seq_len {train.seq_len}: one training "
+            f"step needs at least {need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB "
+            f"of {device.type} memory here; allowed: a batch_size of at most "
+            f"{train.batch_size * have // need:,}"
+        )
+
+
+def _built(pe_cfg: dict[str, Any], cfg: RunConfig, prefix: str = "pe.") -> PositionScheme:
+    """A scheme built for this model, leaving the global random stream as it was; ``prefix``
+    is where its config sits, for the messages."""
     with torch.random.fork_rng(devices=[]):
-        return build_scheme(pe_cfg, cfg.model.dims(cfg.train.seq_len))
+        return build_scheme(pe_cfg, cfg.model.dims(cfg.train.seq_len), prefix)
 
 
 def _variants(cfg: RunConfig, trained: PositionScheme) -> list[tuple[str, str, PositionScheme]]:
@@ -172,14 +251,25 @@ def _variants(cfg: RunConfig, trained: PositionScheme) -> list[tuple[str, str, P
     scheme (its ``variant_of`` names it); the others are left out."""
     variants = []
     for key, variant_cfg in (cfg.eval.variants or {}).items():
-        cls = scheme_class(variant_cfg.get("name", ""))
+        where = f"eval.variants.{key}"
+        if not isinstance(variant_cfg, dict) or "name" not in variant_cfg:
+            raise UserError(
+                f"{where}={variant_cfg!r} must be a variant config; add one with "
+                f"+pe@{where}=<variant>, e.g. pi"
+            )
+        if variant_cfg.get("plugin"):
+            load_plugin(variant_cfg["plugin"], f"{where}.plugin")
+        cls = scheme_class(variant_cfg["name"])
         if cls.variant_of is None:
             raise UserError(
-                f"eval.variants.{key}: {cls.name!r} is a trainable scheme, not an eval-time "
+                f"{where}: {cls.name!r} is a trainable scheme, not an eval-time "
                 "variant; use pe=" + cls.name
             )
         if cls.variant_of == trained.name:
-            variants.append((key, config_hash(variant_cfg), _built(variant_cfg, cfg)))
+            variants.append((key, config_hash(variant_cfg), _built(variant_cfg, cfg, where + ".")))
+        else:  # not evaluated in this run, but a bad option is refused all the same
+            options = {k: v for k, v in variant_cfg.items() if k not in META_KEYS}
+            checked_options(cls, options, where + ".")
     return variants
 
 
@@ -190,7 +280,8 @@ def _finetunes(
     finetunes = []
     for key, ft_cfg in cfg.finetunes.items():
         train = ft_cfg.train_config(cfg.train)  # refuses bad values now, not after training
-        scheme = _built(ft_cfg.pe or cfg.pe, cfg)
+        where = f"finetunes.{key}.pe." if ft_cfg.pe else "pe."
+        scheme = _built(ft_cfg.pe or cfg.pe, cfg, where)
         if trained.name not in (scheme.name, scheme.variant_of):
             log.info("finetunes.%s (%s) does not apply to %s", key, scheme.name, trained.name)
             continue

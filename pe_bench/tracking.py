@@ -10,6 +10,7 @@ init without network waits a long time).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,19 +83,35 @@ class WandbTracker(Tracker):
         self.run.finish()
 
 
-def start(
-    logger: Any, *, name: str, group: str, job_type: str, folder: Path, config: dict[str, Any]
-) -> Tracker:
-    """The tracker the ``logger`` config node asks for; a no-op ``Tracker`` for ``none``."""
+def check_config(logger: Any) -> WandbConfig | None:
+    """The wandb settings of a ``logger`` config (None for ``none``), refused if a value is
+    wrong or wandb is missing: called at plan time, before any training, and by ``start``."""
     settings = to_dict(logger) or {"name": "none"}
-    if settings.get("name") == "none":
-        return Tracker()
-    if settings.get("name") != "wandb":
+    if not isinstance(settings, dict):
+        raise UserError(f"logger={settings!r} must be a logger config; use logger=none|wandb")
+    if settings.get("name") == "none" and set(settings) == {"name"}:
+        return None
+    if settings.get("name") not in ("none", "wandb"):
         raise UserError(f"logger={settings.get('name')!r} is not a logger; use none or wandb")
+    if settings.get("name") == "none":
+        raise UserError(f"unknown key logger.{sorted(set(settings) - {'name'})[0]}; allowed: name")
     cfg = from_node(WandbConfig, settings, "logger")
     mode = cfg.mode or os.environ.get("WANDB_MODE") or "offline"
     if mode not in WANDB_MODES:
         raise UserError(f"logger.mode={mode!r} must be one of {', '.join(WANDB_MODES)}")
+    if importlib.util.find_spec("wandb") is None:
+        raise UserError("logger=wandb needs the wandb package: pip install 'pe-bench[wandb]'")
+    return cfg
+
+
+def start(
+    logger: Any, *, name: str, group: str, job_type: str, folder: Path, config: dict[str, Any]
+) -> Tracker:
+    """The tracker the ``logger`` config node asks for; a no-op ``Tracker`` for ``none``."""
+    cfg = check_config(logger)
+    if cfg is None:
+        return Tracker()
+    mode = cfg.mode or os.environ.get("WANDB_MODE") or "offline"
     try:
         import wandb
     except ImportError as err:

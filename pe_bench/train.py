@@ -15,13 +15,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
+from pe_bench.config import Range, check_fields
 from pe_bench.data import Corpus, sample_batch
 from pe_bench.distributed import World
 from pe_bench.errors import UserError
@@ -31,36 +32,34 @@ from pe_bench.results import atomic_write
 
 log = logging.getLogger(__name__)
 
+# The ranges of training settings (checked by ``config.check_value`` where a config enters).
+AT_LEAST_0, AT_LEAST_1, POSITIVE = Range(ge=0), Range(ge=1), Range(gt=0)
+BETA = Range(ge=0, lt=1)  # Adam's betas: 1 or more never forgets, and torch refuses them
+SEED = Range(ge=-(2**63), lt=2**64)  # what torch.manual_seed accepts
+
 
 @dataclass
 class TrainConfig:
-    seq_len: int = 64  # training length L_train
-    batch_size: int = 32
-    steps: int = 800
-    lr: float = 2e-3
-    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio
-    warmup_steps: int = 50
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0  # max global gradient norm; 0 disables clipping
-    seed: int = 0  # trunk init and data order
-    log_every: int = 50  # steps between training-curve points
-    val_every: int = 200  # steps between validation losses (0: only at the end)
-    val_batches: int = 8
-    ckpt_every: int = 100  # steps between checkpoints (0: only at the end)
+    seq_len: Annotated[int, AT_LEAST_1] = 64  # training length L_train
+    batch_size: Annotated[int, AT_LEAST_1] = 32
+    steps: Annotated[int, AT_LEAST_1] = 800
+    lr: Annotated[float, POSITIVE] = 2e-3
+    min_lr_ratio: Annotated[float, Range(ge=0, le=1)] = 0.1  # cosine decays to lr * min_lr_ratio
+    warmup_steps: Annotated[int, AT_LEAST_0] = 50
+    weight_decay: Annotated[float, AT_LEAST_0] = 0.1
+    beta1: Annotated[float, BETA] = 0.9
+    beta2: Annotated[float, BETA] = 0.95
+    grad_clip: Annotated[float, AT_LEAST_0] = 1.0  # max global gradient norm; 0 disables clipping
+    seed: Annotated[int, SEED] = 0  # trunk init and data order
+    log_every: Annotated[int, AT_LEAST_1] = 50  # steps between training-curve points
+    val_every: Annotated[int, AT_LEAST_0] = 200  # steps between validation losses (0: at the end)
+    val_batches: Annotated[int, AT_LEAST_1] = 8
+    ckpt_every: Annotated[int, AT_LEAST_0] = 100  # steps between checkpoints (0: only at the end)
     device: str = "auto"  # auto: cuda when available, else cpu
     compile: bool = False  # torch.compile the training step (worth it on GPU, not on CPU)
 
     def __post_init__(self) -> None:
-        for key in ("seq_len", "batch_size", "steps", "log_every", "val_batches"):
-            if getattr(self, key) < 1:
-                raise UserError(f"train.{key} must be >= 1, got {getattr(self, key)}")
-        if self.lr <= 0:
-            raise UserError(f"train.lr must be > 0, got {self.lr}")
-        for key in ("warmup_steps", "val_every", "grad_clip", "ckpt_every"):
-            if getattr(self, key) < 0:
-                raise UserError(f"train.{key} must be >= 0, got {getattr(self, key)}")
+        check_fields(self, "train")
 
 
 @dataclass
@@ -73,17 +72,18 @@ class FinetuneConfig:
     (betas, clipping, seed, logging, checkpoints) are the run's ``train`` settings.
     """
 
-    factor: float = 4.0  # fine-tuning length = factor x train.seq_len
-    steps: int = 100
-    lr: float = 2e-4
-    warmup_steps: int = 20
-    weight_decay: float = 0.0  # Chen et al. fine-tune without weight decay
-    batch_size: int | None = None  # null: the same tokens per step as training
+    factor: Annotated[float, Range(ge=1)] = 4.0  # fine-tuning length = factor x train.seq_len
+    steps: Annotated[int, AT_LEAST_1] = 100
+    lr: Annotated[float, POSITIVE] = 2e-4
+    warmup_steps: Annotated[int, AT_LEAST_0] = 20
+    weight_decay: Annotated[float, AT_LEAST_0] = 0.0  # Chen et al. fine-tune without weight decay
+    batch_size: Annotated[int, AT_LEAST_1] | None = None  # null: the same tokens per step
     pe: dict[str, Any] | None = None  # the scheme to fine-tune with; null: the trained one
 
     def __post_init__(self) -> None:
-        if self.factor < 1:
+        if self.factor < 1:  # the message tests pin for a config built in Python
             raise UserError(f"finetune factor must be >= 1, got {self.factor:g}")
+        check_fields(self, "finetune")
 
     def train_config(self, train: TrainConfig) -> TrainConfig:
         """The ``TrainConfig`` of this fine-tuning for a model trained with ``train``."""

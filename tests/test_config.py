@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from pe_bench.config import from_node
+from pe_bench.config import Range, check_value, from_node
 from pe_bench.data import check_config, load_corpus
 from pe_bench.errors import UserError
 from pe_bench.evaluate import EvalConfig
 from pe_bench.plan import plan
 from pe_bench.positions import scheme_class
-from pe_bench.train import TrainConfig
+from pe_bench.train import FinetuneConfig, TrainConfig
 
 from .helpers import TRAINABLE, VARIANTS, compose
 
@@ -101,3 +102,14 @@ def test_zoo_sweeps_every_scheme_and_evaluates_every_rope_variant():
     for group in ("model", "data", "train"):
         assert cfg[group] == quick[group], group
     assert cfg.eval.tokens == quick.eval.tokens and cfg.eval.factors == quick.eval.factors
+
+
+def test_ranges_are_checked_where_the_config_enters():
+    with pytest.raises(UserError, match=r"train.min_lr_ratio must be >= 0 and <= 1, got -5.0"):
+        from_node(TrainConfig, compose("train.min_lr_ratio=-5").train, "train")
+    with pytest.raises(UserError, match=r"finetunes.pi.steps must be >= 1, got -3"):
+        from_node(FinetuneConfig, {"steps": -3}, "finetunes.pi")
+    with pytest.raises(UserError, match=r"train.beta1 must be >= 0 and < 1, got 1.0"):
+        TrainConfig(beta1=1.0)  # built in Python: the same checker
+    assert Range(ge=0, lt=1).allows(0.5) and not Range(gt=0).allows(float("nan"))
+    assert check_value(3, Annotated[float, Range(gt=0)], "x") == 3.0

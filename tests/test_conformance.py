@@ -99,3 +99,38 @@ def test_main_parses_options_and_exits_by_outcome(capsys):
         main(["t5", "--option", "num_bukets=8"])
     assert exit_.value.code == 2
     assert "scheme 't5' has no option num_bukets" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["rope", "--option", "base=abc"], "--option base='abc' must be a number"),
+        (["rope", "--option", "base=-1"], "--option base must be > 1, got -1.0"),
+        (["rope", "--train-len", "0"], "'0' is not an integer from 1 to 4096"),
+        (["x", "--plugin", "no_such_mod"], "--plugin='no_such_mod' does not import"),
+        (
+            ["x", "--plugin", "tests.plugins.raises_at_import"],
+            "does not import: RuntimeError: cannot reach the plugin's license server",
+        ),
+    ],
+)
+def test_bad_arguments_are_one_line_not_failed_checks(capsys, args, message):
+    """A bad argument is the caller's error (status 2, one line), not the scheme's failure."""
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    captured = capsys.readouterr()
+    assert exit_.value.code == 2 and not captured.out
+    (line,) = captured.err.splitlines()
+    assert line.startswith("pe-bench-check: error: ") and message in line
+
+
+@pytest.mark.slow
+def test_console_script_plugin_with_a_syntax_error(tmp_path):
+    (tmp_path / "bad_syntax.py").write_text("def broken(:\n")
+    script = Path(sys.executable).with_name("pe-bench-check")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.run(
+        [str(script), "x", "--plugin", "bad_syntax"], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "--plugin='bad_syntax' does not import: SyntaxError: invalid syntax" in proc.stderr

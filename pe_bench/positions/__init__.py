@@ -14,9 +14,11 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import inspect
+import typing
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
+from pe_bench.config import check_value
 from pe_bench.errors import UserError
 from pe_bench.positions import (  # noqa: F401  (importing registers the built-ins)
     absolute,
@@ -34,6 +36,7 @@ __all__ = [
     "ModelDims",
     "PositionScheme",
     "build_scheme",
+    "checked_options",
     "entry_points",
     "load_plugin",
     "register",
@@ -47,12 +50,23 @@ ENTRY_POINT_GROUP = "pe_bench.positions"
 META_KEYS = ("name", "plugin")
 
 
-def load_plugin(module: str) -> None:
-    """Import a user's module so that its ``@register`` decorators run."""
+def load_plugin(module: str, where: str = "pe.plugin") -> None:
+    """Import a user's module so that its ``@register`` decorators run; any error it raises
+    (a syntax error, an exception at import, a bad ``@register``) is the user's, one line."""
+    if not isinstance(module, str) or not module:
+        raise UserError(f"{where}={module!r} must be a module name, e.g. my_pkg.my_pe")
     try:
         importlib.import_module(module)
-    except ImportError as err:
-        raise UserError(f"pe.plugin={module!r} does not import: {err}") from err
+    except Exception as err:
+        raise UserError(f"{where}={module!r} does not import: {_one_line(err)}") from err
+
+
+def _one_line(err: BaseException) -> str:
+    """An exception as one line: its type, first line, and for a syntax error where it is."""
+    text = str(err).splitlines()[0] if str(err) else ""
+    if isinstance(err, SyntaxError) and err.filename:
+        text = f"{err.msg} ({err.filename}, line {err.lineno})"
+    return text if isinstance(err, ImportError) else f"{type(err).__name__}: {text}"
 
 
 def entry_points() -> dict[str, importlib.metadata.EntryPoint]:
@@ -92,18 +106,59 @@ def scheme_options(cls: type[PositionScheme]) -> list[str]:
     return [p.name for p in params]
 
 
-def build_scheme(cfg: Mapping[str, Any], dims: ModelDims) -> PositionScheme:
-    """Build the scheme a ``pe`` config names, with its options, for a model of ``dims``."""
-    if cfg.get("plugin"):
-        load_plugin(cfg["plugin"])
-    if "name" not in cfg:
-        raise UserError("the pe config has no 'name'; pick one with pe=<name>")
-    cls = scheme_class(cfg["name"])
-    options = {key: value for key, value in cfg.items() if key not in META_KEYS}
-    unknown = sorted(set(options) - set(scheme_options(cls)))
+def option_hints(cls: type[PositionScheme]) -> dict[str, Any]:
+    """Each option's type (its constructor annotation) with its range (``option_ranges``), for
+    ``check_value``; options without an annotation (a plugin's, say) are not checked."""
+    try:
+        hints = typing.get_type_hints(cls.__init__, include_extras=True)
+    except Exception:  # a plugin's annotation that does not resolve: check no types
+        hints = {}
+    ranges = getattr(cls, "option_ranges", {})
+    checked = {}
+    for name in scheme_options(cls):
+        if name in hints:
+            hint = hints[name]
+            checked[name] = Annotated[hint, ranges[name]] if name in ranges else hint
+    return checked
+
+
+def checked_options(cls: type[PositionScheme], options: Mapping[str, Any], prefix: str) -> dict:
+    """``options`` coerced to their types and checked against their ranges, or a ``UserError``
+    naming ``<prefix><option>`` (``pe.base``, ``eval.variants.pi.factor``), the value and what
+    is allowed; an unknown option lists the allowed ones."""
+    allowed = scheme_options(cls)
+    unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise UserError(
-            f"scheme {cfg['name']!r} has no option {', '.join(unknown)}; "
-            f"allowed: {', '.join(scheme_options(cls)) or 'none'}"
+            f"scheme {cls.name!r} has no option {', '.join(unknown)}; "
+            f"allowed: {', '.join(allowed) or 'none'}"
         )
-    return cls(dims, **options)
+    hints = option_hints(cls)
+    return {
+        key: check_value(value, hints[key], f"{prefix}{key}") if key in hints else value
+        for key, value in options.items()
+    }
+
+
+def build_scheme(cfg: Mapping[str, Any], dims: ModelDims, prefix: str = "pe.") -> PositionScheme:
+    """Build the scheme a ``pe`` config names, with its options, for a model of ``dims``;
+    ``prefix`` is where the config sits, for the messages (``pe.``, ``eval.variants.pi.``)."""
+    if not isinstance(cfg, Mapping):
+        raise UserError(f"{prefix.rstrip('.')}={cfg!r} must be a scheme config with a name")
+    if cfg.get("plugin"):
+        load_plugin(cfg["plugin"], f"{prefix}plugin")
+    if "name" not in cfg:
+        raise UserError(f"the {prefix.rstrip('.')} config has no 'name'; pick one with pe=<name>")
+    cls = scheme_class(cfg["name"])
+    options = checked_options(cls, {k: v for k, v in cfg.items() if k not in META_KEYS}, prefix)
+    if cls.__module__.split(".")[0] == "pe_bench":
+        return cls(dims, **options)
+    try:  # a plugin's constructor: its errors are the user's, one line
+        return cls(dims, **options)
+    except UserError:
+        raise
+    except Exception as err:
+        raise UserError(
+            f"scheme {cls.name!r} ({cls.__module__}.{cls.__qualname__}) raised in __init__ with "
+            f"options {options}: {_one_line(err)}"
+        ) from err

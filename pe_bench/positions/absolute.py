@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import Tensor, nn
 
+from pe_bench.config import Range
 from pe_bench.errors import UserError
 from pe_bench.positions.base import ModelDims, PositionScheme, register
 
@@ -43,6 +46,9 @@ class Sinusoidal(PositionScheme):
         scale (float | None): factor on the table. Default: None, meaning d_model^-0.5.
     """
 
+    # theta_k = base^(-2k/d) falls with k only for base > 1
+    option_ranges: ClassVar[dict[str, Range]] = {"base": Range(gt=1)}
+
     def __init__(self, dims: ModelDims, *, base: float = 10000.0, scale: float | None = None):
         super().__init__(dims)
         if dims.d_model % 2:
@@ -68,6 +74,8 @@ class Learned(PositionScheme):
     """
 
     BEYOND = ("error", "clamp")
+
+    option_ranges: ClassVar[dict[str, Range]] = {"max_positions": Range(ge=1)}
 
     def __init__(
         self, dims: ModelDims, *, max_positions: int | None = None, beyond: str = "error"

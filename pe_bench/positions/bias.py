@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from pe_bench.config import Range
 from pe_bench.errors import UserError
 from pe_bench.positions.base import ModelDims, PositionScheme, register
 
@@ -93,6 +95,11 @@ class T5Bias(PositionScheme):
 
     relative = True
     shared_bias = True  # one table for all layers
+
+    option_ranges: ClassVar[dict[str, Range]] = {
+        "num_buckets": Range(ge=2),
+        "max_distance": Range(ge=1),
+    }
 
     def __init__(
         self,
@@ -209,6 +216,8 @@ class Sandwich(PositionScheme):
 
     relative = True
     shared_bias = True  # one bias for all layers
+
+    option_ranges: ClassVar[dict[str, Range]] = {"dim": Range(ge=2)}
 
     def __init__(self, dims: ModelDims, *, dim: int | None = None) -> None:
         super().__init__(dims)

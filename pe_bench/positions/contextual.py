@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from pe_bench.config import Range
 from pe_bench.errors import UserError
 from pe_bench.positions.base import ModelDims, PositionScheme, register
 
@@ -33,6 +35,8 @@ class CoPE(PositionScheme):
     """
 
     content_bias = True
+
+    option_ranges: ClassVar[dict[str, Range]] = {"npos_max": Range(ge=2)}
 
     def __init__(self, dims: ModelDims, *, npos_max: int | None = None) -> None:
         super().__init__(dims)

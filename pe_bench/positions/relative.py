@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from pe_bench.config import Range
 from pe_bench.errors import UserError
 from pe_bench.positions.absolute import sinusoid_table
 from pe_bench.positions.base import ModelDims, PositionScheme, register
@@ -104,6 +106,8 @@ class Shaw(PositionScheme):
 
     relative = True
     content_bias = True
+
+    option_ranges: ClassVar[dict[str, Range]] = {"max_distance": Range(ge=1)}
 
     def __init__(self, dims: ModelDims, *, max_distance: int = 16) -> None:
         super().__init__(dims)

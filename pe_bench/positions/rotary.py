@@ -19,6 +19,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from pe_bench.config import Range
 from pe_bench.errors import UserError
 from pe_bench.positions.base import ModelDims, PositionScheme, register
 
@@ -53,6 +54,9 @@ class RoPE(PositionScheme):
     # Caches that keep their dtype when the model is cast (``to(torch.bfloat16)``, ``half()``):
     # angles are computed in float32 from float64 frequencies whatever the model's dtype.
     exact_caches: ClassVar[tuple[str, ...]] = ("exponent", "theta", "theta32")
+
+    # theta_k = base^(-2k/h_d) falls with k only for base > 1
+    option_ranges: ClassVar[dict[str, Range]] = {"base": Range(gt=1)}
 
     def __init__(self, dims: ModelDims, *, base: float = 10000.0) -> None:
         super().__init__(dims)
@@ -119,6 +123,12 @@ class XPos(RoPE):
         scale_base (float): S. Default: 512.
     """
 
+    option_ranges: ClassVar[dict[str, Range]] = {
+        **RoPE.option_ranges,
+        "gamma": Range(gt=0),
+        "scale_base": Range(gt=0),
+    }
+
     def __init__(
         self,
         dims: ModelDims,
@@ -158,6 +168,9 @@ class ScaledRoPE(RoPE):
     """
 
     variant_of = "rope"
+
+    # s < 1 would shrink the context the variant serves, not extend it
+    option_ranges: ClassVar[dict[str, Range]] = {**RoPE.option_ranges, "factor": Range(ge=1)}
 
     def __init__(self, dims: ModelDims, *, base: float = 10000.0, factor: float | None = None):
         super().__init__(dims, base=base)
@@ -222,6 +235,8 @@ class DynamicNTK(RoPE):
     relative = False  # the frequencies depend on the largest position, not on i - j alone
     variant_of = "rope"
 
+    option_ranges: ClassVar[dict[str, Range]] = {**RoPE.option_ranges, "factor": Range(ge=1)}
+
     def __init__(self, dims: ModelDims, *, base: float = 10000.0, factor: float = 2.0):
         super().__init__(dims, base=base)
         if factor < 1:
@@ -268,6 +283,12 @@ class YaRN(ScaledRoPE):
     """
 
     exact_caches = (*RoPE.exact_caches, "ramp")
+
+    option_ranges: ClassVar[dict[str, Range]] = {
+        **ScaledRoPE.option_ranges,
+        "beta_fast": Range(gt=0),
+        "beta_slow": Range(gt=0),
+    }
 
     def __init__(
         self,

@@ -44,3 +44,22 @@ def test_unknown_option_lists_the_allowed_ones(dims):
 def test_plugin_that_does_not_import(dims):
     with pytest.raises(UserError, match=r"pe.plugin='no_such_pkg.mod' does not import"):
         build_scheme({"name": "x", "plugin": "no_such_pkg.mod"}, dims)
+
+
+def test_options_are_checked_for_type_and_range(dims):
+    with pytest.raises(UserError, match=r"pe.base='abc' must be a number"):
+        build_scheme({"name": "rope", "base": "abc"}, dims)
+    with pytest.raises(UserError, match=r"eval.variants.pi.factor must be >= 1, got 0.5"):
+        build_scheme({"name": "pi", "factor": 0.5}, dims, "eval.variants.pi.")
+    with pytest.raises(UserError, match=r"pe.init_c must be > 0, got 0.0"):
+        build_scheme({"name": "fire", "init_c": 0}, dims)
+    assert build_scheme({"name": "pi", "factor": 4}, dims).factor == 4.0  # coerced as config
+
+
+def test_a_plugin_that_raises_is_one_line(dims):
+    with pytest.raises(UserError, match=r"raised in __init__ with options \{\}: ValueError"):
+        build_scheme({"name": "init_raises", "plugin": "tests.plugins.init_raises"}, dims)
+    with pytest.raises(UserError, match=r"does not import: RuntimeError: cannot reach"):
+        build_scheme({"name": "x", "plugin": "tests.plugins.raises_at_import"}, dims)
+    with pytest.raises(UserError, match=r"TypeError: @register\('not_a_scheme'\) needs a Pos"):
+        build_scheme({"name": "x", "plugin": "tests.plugins.not_a_scheme"}, dims)

@@ -190,7 +190,10 @@ def test_bad_input_is_one_clear_line(tmp_path, args, message):
     (tmp_path / "bad_syntax.py").write_text("def broken(:\n")
     root = Path(__file__).parents[1]
     env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(root)])}
-    proc = pe_bench(*TINY, *args, out=tmp_path / "out", env=env)
+    flags = [arg for arg in args if arg.startswith("-")]  # Hydra's flags come first
+    out = next((Path(a.split("=", 1)[1]) for a in args if a.startswith("out_root=")), None)
+    rest = [arg for arg in args if arg not in flags and not arg.startswith("out_root=")]
+    proc = pe_bench(*flags, *TINY, *rest, out=out or tmp_path / "out", env=env)
     lines = proc.stderr.splitlines()
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith("pe-bench: error: "), proc.stderr
@@ -295,3 +298,21 @@ def test_paper_mini_end_to_end_shrunk(tmp_path, name):
     compared = pd.read_csv(folder / "tables" / "compare.csv")
     assert set(compared["label"]) == labels - {"rope+ntk"}  # NTK is not in the paper
     assert_regenerates(folder, tmp_path / "regenerated")
+
+
+@pytest.mark.parametrize(
+    ("scheme", "caveat"),
+    [
+        ("shaw", "key term a^K only"),
+        ("xpos", "without the blockwise causal attention"),
+        ("t5", "max_distance 32, lowered from T5's 128"),
+    ],
+)
+def test_records_carry_the_schemes_caveat(tmp_path, tiny_config, scheme, caveat):
+    rows = cli.run(tiny_config(f"pe={scheme}"), tmp_path)
+    assert all(caveat in r["caveat"] for r in rows)
+
+
+def test_records_of_a_scheme_run_as_its_paper_did_carry_no_caveat(tmp_path, tiny_config):
+    rows = cli.run(tiny_config("pe=alibi"), tmp_path)
+    assert all("caveat" not in r for r in rows)

@@ -345,7 +345,7 @@ def check_command(argv: list[str]) -> None:
             raise UserError(
                 f"{arg!r} is not UTF-8 text; allowed: UTF-8 keys and values (paths too)"
             ) from err
-    args = get_args_parser().parse_args(argv)
+    args = get_args_parser().parse_intermixed_args(argv)  # Hydra's flags, anywhere
     elsewhere = (args.config_path, args.config_name, args.config_dir, args.experimental_rerun)
     if args.help or args.hydra_help or args.shell_completion or args.info or any(elsewhere):
         return

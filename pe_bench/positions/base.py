@@ -21,7 +21,6 @@ import torch
 from torch import Tensor, nn
 
 from pe_bench.config import Range
-from pe_bench.config import Range
 from pe_bench.errors import UserError
 
 # FlexAttention's score_mod: (score, batch, head, q_idx, kv_idx) -> score, on index tensors.
@@ -98,9 +97,6 @@ class PositionScheme(nn.Module):
     content_bias: ClassVar[bool] = False
     variant_of: ClassVar[str | None] = None
     shared_bias: ClassVar[bool] = False
-    # The allowed values of options where the paper requires them, e.g. {"base": Range(gt=1)};
-    # ``build_scheme`` checks them with the options' types before the constructor runs.
-    option_ranges: ClassVar[dict[str, Range]] = {}
     # The allowed values of options where the paper requires them, e.g. {"base": Range(gt=1)};
     # ``build_scheme`` checks them with the options' types before the constructor runs.
     option_ranges: ClassVar[dict[str, Range]] = {}

@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from typing import ClassVar
-
 import torch
 from torch import Tensor, nn
 
-from pe_bench.config import Range
 from pe_bench.config import Range
 from pe_bench.errors import UserError
 from pe_bench.positions.base import ModelDims, PositionScheme, register
@@ -43,13 +40,6 @@ class FIRE(PositionScheme):
         init_tau (float | None): initial tau. Default: None, meaning min(512, L_train).
         eps (float): added to the normaliser. Default: 1e-6.
     """
-
-    option_ranges: ClassVar[dict[str, Range]] = {
-        "mlp_width": Range(ge=1),
-        "init_c": Range(gt=0),  # psi(x) = ln(cx + 1) needs c > 0
-        "init_tau": Range(gt=0),
-        "eps": Range(gt=0),
-    }
 
     option_ranges: ClassVar[dict[str, Range]] = {
         "mlp_width": Range(ge=1),

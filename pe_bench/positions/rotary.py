@@ -20,7 +20,6 @@ import torch
 from torch import Tensor
 
 from pe_bench.config import Range
-from pe_bench.config import Range
 from pe_bench.errors import UserError
 from pe_bench.positions.base import ModelDims, PositionScheme, register
 
@@ -55,9 +54,6 @@ class RoPE(PositionScheme):
     # Caches that keep their dtype when the model is cast (``to(torch.bfloat16)``, ``half()``):
     # angles are computed in float32 from float64 frequencies whatever the model's dtype.
     exact_caches: ClassVar[tuple[str, ...]] = ("exponent", "theta", "theta32")
-
-    # theta_k = base^(-2k/h_d) falls with k only for base > 1
-    option_ranges: ClassVar[dict[str, Range]] = {"base": Range(gt=1)}
 
     # theta_k = base^(-2k/h_d) falls with k only for base > 1
     option_ranges: ClassVar[dict[str, Range]] = {"base": Range(gt=1)}
@@ -133,17 +129,6 @@ class XPos(RoPE):
         "scale_base": Range(gt=0),
     }
 
-    option_ranges: ClassVar[dict[str, Range]] = {
-        **RoPE.option_ranges,
-        "gamma": Range(gt=0),
-        "scale_base": Range(gt=0),
-    }
-
-    caveat = (
-        "evaluated with plain causal attention, without the blockwise causal attention xPos "
-        "uses past its training length"
-    )
-
     def __init__(
         self,
         dims: ModelDims,
@@ -183,9 +168,6 @@ class ScaledRoPE(RoPE):
     """
 
     variant_of = "rope"
-
-    # s < 1 would shrink the context the variant serves, not extend it
-    option_ranges: ClassVar[dict[str, Range]] = {**RoPE.option_ranges, "factor": Range(ge=1)}
 
     # s < 1 would shrink the context the variant serves, not extend it
     option_ranges: ClassVar[dict[str, Range]] = {**RoPE.option_ranges, "factor": Range(ge=1)}
@@ -255,8 +237,6 @@ class DynamicNTK(RoPE):
 
     option_ranges: ClassVar[dict[str, Range]] = {**RoPE.option_ranges, "factor": Range(ge=1)}
 
-    option_ranges: ClassVar[dict[str, Range]] = {**RoPE.option_ranges, "factor": Range(ge=1)}
-
     def __init__(self, dims: ModelDims, *, base: float = 10000.0, factor: float = 2.0):
         super().__init__(dims, base=base)
         if factor < 1:
@@ -303,12 +283,6 @@ class YaRN(ScaledRoPE):
     """
 
     exact_caches = (*RoPE.exact_caches, "ramp")
-
-    option_ranges: ClassVar[dict[str, Range]] = {
-        **ScaledRoPE.option_ranges,
-        "beta_fast": Range(gt=0),
-        "beta_slow": Range(gt=0),
-    }
 
     option_ranges: ClassVar[dict[str, Range]] = {
         **ScaledRoPE.option_ranges,

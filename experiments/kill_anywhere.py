@@ -173,8 +173,8 @@ def masked_report(text: str) -> list[str]:
     """report.md's lines with the values of ``IGNORED`` fields replaced by ``*``."""
     lines, columns = [], []
     for line in text.splitlines():
-        if line.startswith(MASKED_LINES):
-            line = line.split(":")[0] + ": *"
+        if line.startswith(MASKED_LINES):  # the prefix kept: a date has colons too
+            line = next(p for p in MASKED_LINES if line.startswith(p)) + "*"
         elif line.startswith("|"):
             cells = line.split("|")
             names = [c.strip() for c in cells]

@@ -72,6 +72,32 @@ def label(df: pd.DataFrame) -> pd.Series:
     return with_finetune(lab, finetunes(df))
 
 
+def swept_setting(folder: str) -> str:
+    """The overrides a job folder's name holds besides the scheme and the seed (``pe=nope,
+    train.lr=0.001`` -> ``train.lr=0.001``): what sets its run apart in a sweep."""
+    name = folder.rsplit("/", 1)[-1]
+    parts = [] if name == "default" else name.split(",")
+    return ",".join(p for p in parts if not p.startswith(("pe=", "train.seed=")))
+
+
+def tell_settings_apart(df: pd.DataFrame) -> pd.DataFrame:
+    """Label runs of one label and seed that differ in config (a sweep over ``train.lr``, say)
+    with the setting their folder names hold, e.g. ``nope [train.lr=0.001]``: they are
+    separate rows, never seeds of one. Column ``setting`` ('' elsewhere) keeps it."""
+    setting = pd.Series("", index=df.index)
+    if "folder" in df:
+        runs = df.drop_duplicates(["label", "run_id"])
+        per_seed = runs.groupby(["label", "seed"], dropna=False)["run_id"].nunique()
+        clashing = per_seed[per_seed > 1].index.get_level_values("label")
+        setting = df["folder"].map(swept_setting).where(df["label"].isin(clashing), "")
+    return df.assign(setting=setting, label=with_setting(df["label"], setting))
+
+
+def with_setting(names: pd.Series, setting: pd.Series) -> pd.Series:
+    """``names`` with `` [setting]`` appended where there is one."""
+    return names.where(setting == "", names + " [" + setting + "]")
+
+
 def order_key(scheme: str, variant: str = "none", finetune: str = "none") -> tuple:
     """Sort key of a (scheme, variant, fine-tune) in the canonical row order: the trained
     model's rows first, fine-tuned models after them in alphabetical order."""
@@ -105,7 +131,7 @@ def prepare(df: pd.DataFrame, mode: str | None = None, schemes: Iterable[str] = 
 
     ``mode`` None picks nonoverlap when present.
     """
-    df = df.assign(label=label(df))
+    df = tell_settings_apart(df.assign(label=label(df)))
     if "status" not in df:
         df = df.assign(status="ok")
     df = df.assign(status=df["status"].fillna("ok"))
@@ -225,6 +251,36 @@ def extrapolation_scores(df: pd.DataFrame) -> pd.DataFrame:
     return scores
 
 
+def paired_differences(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Every pair of labels (a before b in label order) at every eval length: ``metric`` of a
+    minus b, paired over the seeds both have (one seed: the same data order, trunk
+    initialisation and test tokens), with n, mean and 95% t-interval; ``separated`` when the
+    interval excludes 0 (never with fewer than 2 seeds)."""
+    ok = df[df["status"] == "ok"].dropna(subset=[metric, "eval_len"])
+    wide = ok.pivot_table(index=["eval_len", "seed"], columns="label", values=metric)
+    labels = [lab for lab in label_order(df) if lab in wide.columns]
+    rows = []
+    for length, cells in wide.groupby(level="eval_len"):
+        for i, a in enumerate(labels):
+            for b in labels[i + 1 :]:
+                n, mean, low, high = t_interval(cells[a] - cells[b])
+                separated = n >= 2 and (high < 0 or low > 0)
+                rows.append([a, b, int(length), n, mean, low, high, separated])
+    columns = ["label_a", "label_b", "eval_len", "n", "mean_diff", "ci_low", "ci_high"]
+    return pd.DataFrame(rows, columns=[*columns, "separated"])
+
+
+def separable_ranks(pairs: pd.DataFrame, means: pd.DataFrame) -> pd.DataFrame:
+    """Label x eval length (``means``' shape, a label's mean per length): 1 + the number of
+    labels separated from it and better (lower), so that labels the seeds cannot tell apart
+    share a rank (ranks 1, 1, 3: the first two are tied); none where a label has no number."""
+    ranks = pd.DataFrame(1, index=means.index, columns=means.columns).astype("Int64")
+    for pair in pairs[pairs["separated"]].itertuples():
+        worse = pair.label_a if pair.mean_diff > 0 else pair.label_b
+        ranks.loc[worse, pair.eval_len] += 1
+    return ranks.mask(means.isna())
+
+
 def diverged_runs(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (label, run) that diverged: label, seed, run_id, diverged_step."""
     columns = ["label", "seed", "run_id", "diverged_step"]
@@ -248,6 +304,16 @@ def skipped_evaluations(df: pd.DataFrame) -> pd.DataFrame:
     return skipped[columns].reset_index(drop=True)
 
 
+def caveats(df: pd.DataFrame) -> dict[str, str]:
+    """Label -> the protocol caveat its records carry (schemes that depart from their paper),
+    in label order; labels without one are left out."""
+    if "caveat" not in df:
+        return {}
+    noted = df.dropna(subset=["caveat"]).drop_duplicates("label")
+    found = dict(zip(noted["label"], noted["caveat"], strict=True))
+    return {lab: found[lab] for lab in label_order(df) if found.get(lab)}
+
+
 def log_buckets(length: int, per_octave: int = 4) -> np.ndarray:
     """Edges of log-spaced buckets of window positions 1..length, bucket i = [e_i, e_i+1).
     Edges fall on powers of two, so a power-of-two training length starts a bucket."""
@@ -263,9 +329,10 @@ def position_loss(positions: pd.DataFrame, df: pd.DataFrame, per_octave: int = 4
     columns = ["label", "eval_len", "position", "loss"]
     if positions.empty:
         return pd.DataFrame(columns=columns)
-    keys = ["run_id", "label", "eval_len", "mode"]
-    runs = df.dropna(subset=["eval_len"]).astype({"eval_len": int})[keys].drop_duplicates()
-    positions = positions.assign(label=label(positions)).merge(runs, on=keys)
+    keys = ["run_id", "variant", "eval_len", "mode"]
+    runs = df.dropna(subset=["eval_len"]).astype({"eval_len": int})[[*keys, "label"]]
+    positions = positions.drop(columns="label", errors="ignore")
+    positions = positions.merge(runs.drop_duplicates(), on=keys)
     rows = []
     for lab in label_order(df):
         for length, cell in positions[positions["label"] == lab].groupby("eval_len"):
@@ -292,8 +359,9 @@ def training_curves(curve: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
     if curve.empty:
         return pd.DataFrame(columns=columns)
     tuned = finetunes(df)
+    setting = df["setting"] if "setting" in df else pd.Series("", index=df.index)
     models = df[["run_id", "scheme"]].assign(
-        finetune=tuned, label=with_finetune(df["scheme"], tuned)
+        finetune=tuned, label=with_setting(with_finetune(df["scheme"], tuned), setting)
     )
     curve = curve.merge(models.drop_duplicates(), on="run_id")
     keys = curve[["label", "scheme", "finetune"]].drop_duplicates()

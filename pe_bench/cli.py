@@ -31,6 +31,7 @@ import hashlib
 import importlib.resources
 import logging
 import os
+import statistics
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -172,6 +173,9 @@ def _evaluate(
             ctx.store.add(make_record(fields, key, "skipped", reason=scored.skipped))
             continue
         cost = {"time_s": scored.time_s, "peak_mem_mb": scored.peak_mem_mb}
+        if len(scored.draw_nll) > 1:  # random evaluation positions: the spread of the draws
+            spread = statistics.stdev(scored.draw_nll)
+            cost |= {"position_draws": len(scored.draw_nll), "draw_nll_sd": spread}
         nll, bytes_per_token = scored.result.nll, ctx.corpus.bytes_per_token
         record = make_record(fields, key, "ok", nll, bytes_per_token, **cost)
         ctx.store.add(record, scored.result.position_loss())
@@ -252,6 +256,7 @@ def _run_fields(job: Plan, model: GPT, corpus: Corpus, device: torch.device) -> 
         "corpus_sha": corpus.sha,
         "config_hash": job.run_hash,
         **provenance(device),
+        **({"caveat": model.pe.caveat} if model.pe.caveat else {}),
     }
 
 

@@ -162,8 +162,10 @@ def with_perturbed_scheme(model: GPT) -> GPT:
 
 
 def forward(model: GPT, idx: Tensor, seed: int = 0) -> Tensor:
-    """Logits, with torch's generator reset first (randomized schemes sample positions)."""
+    """Logits, with torch's generator and the scheme's evaluation draw reset first (randomized
+    schemes sample positions, in training from the former, in evaluation from the latter)."""
     torch.manual_seed(seed)
+    model.pe.seed_eval_positions(seed)
     with torch.no_grad():
         return model(idx)
 

@@ -110,6 +110,17 @@ class EvalResult:
         means = (self.position_sum / self.position_count.clamp(min=1)).tolist()
         return [m if c else None for m, c in zip(means, counts, strict=True)]
 
+    @classmethod
+    def pooled(cls, results: list[EvalResult]) -> EvalResult:
+        """Several scorings of the same targets (draws of random positions) as one: means are
+        over every draw's targets, so the NLL is the mean of the draws' NLLs."""
+        return cls(
+            sum(r.nll_sum for r in results),
+            sum(r.tokens for r in results),
+            sum(r.position_sum for r in results),
+            sum(r.position_count for r in results),
+        )
+
 
 def windows(n_targets: int, length: int, mode: str, stride: int | None = None) -> list[Window]:
     """The windows that score each of ``n_targets`` targets exactly once."""
@@ -244,6 +255,7 @@ class Scored:
     skipped: str = ""  # the reason there is no result
     time_s: float = 0.0
     peak_mem_mb: float = 0.0
+    draw_nll: list[float] = field(default_factory=list)  # per draw of random positions
 
 
 def evaluate_tasks(
@@ -267,16 +279,7 @@ def evaluate_tasks(
         reset_peak_memory(device)
         try:
             with scheme_swapped(model, task.scheme):
-                result = score(
-                    model,
-                    stream,
-                    task.eval_len,
-                    task.mode,
-                    task.stride,
-                    batch_tokens,
-                    device,
-                    desc=f"eval {name} L={task.eval_len}",
-                )
+                draws = score_draws(model, stream, task, batch_tokens, device, name)
         except OUT_OF_MEMORY as err:
             if not is_out_of_memory(err):
                 raise
@@ -285,7 +288,26 @@ def evaluate_tasks(
             yield Scored(task, name, skipped=reason)
             continue
         elapsed = round(time.perf_counter() - start, 3)
-        yield Scored(task, name, result, "", elapsed, round(peak_memory_mb(device), 1))
+        peak = round(peak_memory_mb(device), 1)
+        yield Scored(
+            task, name, EvalResult.pooled(draws), "", elapsed, peak, [r.nll for r in draws]
+        )
+
+
+def score_draws(
+    model: GPT, stream: Tensor, task: EvalTask, batch_tokens: int, device: torch.device, name: str
+) -> list[EvalResult]:
+    """``task`` scored once per draw of the model's scheme's evaluation positions (once for a
+    scheme whose positions are not random), each draw seeded by its index."""
+    results = []
+    for draw in range(model.pe.eval_draws):
+        model.pe.seed_eval_positions(draw)
+        drawn = f" draw {draw + 1}/{model.pe.eval_draws}" if model.pe.eval_draws > 1 else ""
+        desc = f"eval {name} L={task.eval_len}{drawn}"
+        results.append(
+            score(model, stream, task.eval_len, task.mode, task.stride, batch_tokens, device, desc)
+        )
+    return results
 
 
 # What running out of memory raises: CUDA's OutOfMemoryError, Python's MemoryError, and on CPU

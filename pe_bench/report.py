@@ -152,6 +152,7 @@ def build_report(
         report.comparison = compare.compare(stats["ppl"], training_length(df), published)
     ratio = aggregate.ratio_table(stats[options.metric], options.baseline)
     report.tables = {**stats, "ratio": ratio, "score": aggregate.extrapolation_scores(df)}
+    report.tables |= pairwise_tables(df, stats, options.metric)
     diverged = aggregate.diverged_runs(df)
     note = diverged_note(diverged)
     with report_lock(out):
@@ -201,6 +202,9 @@ def write_tables(folder: Path, report: Report) -> None:
     atomic_write_text(folder / "ratio.md", ratio_markdown(tables["ratio"], skipped) + "\n" + note)
     write_csv(folder / "score.csv", tables["score"])
     atomic_write_text(folder / "score.md", score_markdown(tables["score"]) + "\n")
+    write_csv(folder / "pairwise.csv", tables["pairwise"])
+    write_csv(folder / "ranks.csv", tables["ranks"].rename_axis("label").reset_index())
+    atomic_write_text(folder / "ranks.md", ranks_markdown(tables["ranks"]) + "\n")
     if report.comparison is not None:
         write_csv(folder / "compare.csv", report.comparison.cells)
 
@@ -358,6 +362,59 @@ def score_markdown(scores: pd.DataFrame) -> str:
     return markdown_table(["rank", "scheme", "score", "95% CI", "n"], rows, "rlrrr")
 
 
+def pairwise_metric(metric: str) -> str:
+    """Differences are taken on a scale where they add up: NLL for perplexity."""
+    return "nll" if metric == "ppl" else metric
+
+
+def pairwise_tables(
+    df: pd.DataFrame, stats: dict[str, pd.DataFrame], metric: str
+) -> dict[str, pd.DataFrame]:
+    """The paired differences of every two labels at every length, and the ranks they allow."""
+    metric = pairwise_metric(metric)
+    pairs = aggregate.paired_differences(df, metric)
+    means = stats[metric].pivot(index="label", columns="eval_len", values="mean")
+    means = means.reindex(list(dict.fromkeys(stats[metric]["label"])))
+    return {"pairwise": pairs, "ranks": aggregate.separable_ranks(pairs, means)}
+
+
+def ranks_markdown(ranks: pd.DataFrame) -> str:
+    rows = [
+        [str(lab), *("–" if pd.isna(r) else str(r) for r in ranks.loc[lab])] for lab in ranks.index
+    ]
+    header = ["scheme", *(str(n) for n in ranks.columns)]
+    return markdown_table(header, rows, "l" + "r" * len(ranks.columns))
+
+
+def pairwise_markdown(report: Report) -> list[str]:
+    """The section saying which differences between schemes the seeds support."""
+    pairs, metric = report.tables["pairwise"], pairwise_metric(report.options.metric)
+    n = int(pairs["n"].max()) if len(pairs) else 0
+    if n < 2:
+        how = (
+            "With one seed per scheme no difference can be told from seed noise, so every "
+            "scheme shares rank 1; run seeds (e.g. `train.seed=0,1,2`) for this view."
+        )
+    else:
+        separated = int(pairs["separated"].sum())
+        how = (
+            f"Rank at each length = 1 + the number of schemes separated from it and better: "
+            f"two schemes are separated when the 95% t-interval of their {metric} difference, "
+            f"paired over seeds (the same seed: the same data order, trunk initialisation and "
+            f"test tokens), excludes 0. Schemes the seeds cannot tell apart share a rank. "
+            f"{separated} of {len(pairs)} pairs are separated (up to n = {n} seeds per pair; "
+            f"every pair in `tables/pairwise.csv`)."
+        )
+    return [
+        "## Which differences the seeds support",
+        "",
+        how,
+        "",
+        ranks_markdown(report.tables["ranks"]),
+        "",
+    ]
+
+
 def diverged_note(diverged: pd.DataFrame) -> str:
     """One line naming every diverged run, for figure footnotes ('' when none)."""
     runs = [
@@ -482,6 +539,7 @@ def tables_markdown(df: pd.DataFrame, report: Report) -> list[str]:
         value_markdown(stats, opts.metric, report.skipped),
         "",
         *note,
+        *caveats_markdown(df),
         f"## Ratio to L = {opts.baseline}",
         "",
         f"{title} at each length divided by the same scheme's value at L = {opts.baseline}.",
@@ -496,7 +554,17 @@ def tables_markdown(df: pd.DataFrame, report: Report) -> list[str]:
         "",
         score_markdown(report.tables["score"]),
         "",
+        *pairwise_markdown(report),
     ]
+
+
+def caveats_markdown(df: pd.DataFrame) -> list[str]:
+    """One line per scheme whose protocol departs from its paper's, under the value table."""
+    noted = aggregate.caveats(df)
+    if not noted:
+        return []
+    lines = [f"Caveat, {lab}: {text}." for lab, text in noted.items()]
+    return ["\n".join(f"{line}  " for line in lines).rstrip(), ""]
 
 
 def figures_markdown(report: Report, out: Path) -> list[str]:

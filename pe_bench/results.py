@@ -143,7 +143,8 @@ def numbered_rows(path: Path) -> list[tuple[int, dict]]:
 
 
 def load_records(root: str | Path, check: Callable[[dict], str] | None = None) -> pd.DataFrame:
-    """Every record under ``root`` (multirun folders included) as one DataFrame.
+    """Every record under ``root`` (multirun folders included) as one DataFrame, with the
+    job folder each came from (``folder``, relative to ``root``).
 
     ``check`` returns what is wrong with a record ('' if nothing), e.g. a field the caller
     needs; a file with such a record, or with the records of more than one trained run, is a
@@ -160,7 +161,8 @@ def load_records(root: str | Path, check: Callable[[dict], str] | None = None) -
             if problem:
                 raise UserError(f"{file}:{number}: {problem}")
         check_one_run(file, [row for _, row in numbered])
-        rows += [row for _, row in numbered]
+        folder = file.parent.relative_to(root).as_posix()
+        rows += [{**row, "folder": folder} for _, row in numbered]
     if not rows:
         raise UserError(f"no records under {str(root)!r} (looked for **/{RECORDS})")
     return pd.DataFrame(rows)

@@ -208,3 +208,42 @@ def test_skipped_evaluations_keep_their_reason():
     stats = aggregate.seed_stats(df, "nll")
     assert stats.loc[stats["eval_len"] == 64, "n"].tolist() == [0, 0]
     assert aggregate.skipped_evaluations(prepared(three_seeds())).empty
+
+
+def seeded(scheme: str, nlls: list[float], length: int = 16) -> list[dict]:
+    return [record(scheme, seed, length, nll) for seed, nll in enumerate(nlls)]
+
+
+def test_paired_differences_and_the_ranks_they_allow():
+    """alibi beats rope by 0.5 at every seed: separated. t5 is about alibi's level but the
+    difference flips sign between seeds: not separated, so alibi and t5 share rank 1, and
+    rope, separated from both, is ranked 3."""
+    rows = [
+        *seeded("t5", [1.05, 1.0, 1.35]),
+        *seeded("rope", [1.5, 1.6, 1.7]),
+        *seeded("alibi", [1.0, 1.1, 1.2]),
+    ]
+    df = prepared(rows)
+    pairs = aggregate.paired_differences(df, "nll").set_index(["label_a", "label_b"])
+    rope_alibi = pairs.loc[("rope", "alibi")]
+    assert rope_alibi["n"] == 3 and rope_alibi["mean_diff"] == pytest.approx(0.5)
+    assert rope_alibi["ci_low"] == pytest.approx(0.5) and rope_alibi["separated"]
+    t5_alibi = pairs.loc[("t5", "alibi")]
+    assert t5_alibi["mean_diff"] == pytest.approx(0.1 / 3) and not t5_alibi["separated"]
+    assert pairs.loc[("t5", "rope"), "separated"]  # 0.45, 0.6, 0.35 apart: every seed
+    means = aggregate.seed_stats(df, "nll").pivot(index="label", columns="eval_len", values="mean")
+    ranks = aggregate.separable_ranks(pairs.reset_index(), means)
+    assert ranks[16].to_dict() == {"alibi": 1, "rope": 3, "t5": 1}
+
+
+def test_one_seed_separates_nothing():
+    df = prepared([*seeded("rope", [1.5]), *seeded("alibi", [1.0])])
+    pairs = aggregate.paired_differences(df, "nll")
+    assert pairs["n"].tolist() == [1] and not pairs["separated"].any()
+
+
+def test_differences_are_paired_by_seed():
+    """Seed 1 of one scheme is never compared with seed 0 of another: only shared seeds."""
+    df = prepared([*seeded("rope", [1.5, 9.0]), *seeded("alibi", [1.0])])
+    (pair,) = aggregate.paired_differences(df, "nll").itertuples()
+    assert pair.n == 1 and pair.mean_diff == pytest.approx(0.5)

@@ -129,3 +129,26 @@ def test_eval_config_lengths_and_tokens():
     assert cfg.n_targets([16, 32, 64]) == 960  # rounded down to a multiple of 64
     with pytest.raises(UserError, match="eval.stride=32 is longer than the eval window 16"):
         EvalConfig(stride=32).stride_for("sliding", 16, 16)
+
+
+def test_random_positions_are_evaluated_as_the_mean_of_seeded_draws(stream):
+    """A randomized scheme is scored once per draw of its positions (each draw seeded by its
+    index): the result pools the draws, whose NLLs differ and are reported one by one."""
+    from pe_bench.evaluate import EvalTask, evaluate_tasks
+
+    model = tiny_model("randomized_rope")
+    task = EvalTask("none", "", None, 16, "nonoverlap", 16)
+    (scored,) = evaluate_tasks(model, [task], stream, 64, torch.device("cpu"), "randomized_rope")
+    assert len(scored.draw_nll) == model.pe.eval_draws == 4
+    assert len(set(scored.draw_nll)) == 4  # each draw placed the windows elsewhere
+    assert scored.result.nll == pytest.approx(sum(scored.draw_nll) / 4, rel=1e-12)
+    (again,) = evaluate_tasks(model, [task], stream, 64, torch.device("cpu"), "randomized_rope")
+    assert again.draw_nll == scored.draw_nll  # seeded: the same draws every time
+
+
+def test_deterministic_positions_are_scored_once(stream):
+    from pe_bench.evaluate import EvalTask, evaluate_tasks
+
+    task = EvalTask("none", "", None, 16, "nonoverlap", 16)
+    (scored,) = evaluate_tasks(tiny_model("rope"), [task], stream, 64, torch.device("cpu"), "rope")
+    assert len(scored.draw_nll) == 1 and scored.draw_nll[0] == scored.result.nll

@@ -43,6 +43,17 @@ def test_a_sweep_without_records_logs_why_there_is_no_report(tmp_path, caplog):
     assert not (tmp_path / "report.md").exists()
 
 
+def test_a_sweep_over_a_setting_reports_each_value_as_its_own_row(tmp_path):
+    """Jobs of one scheme and seed that differ in a swept key (train.lr) are rows named by it,
+    never seeds of one row: their folder names say what sets them apart."""
+    for lr, nll in (("0.1", 3.0), ("0.001", 1.0)):
+        rows = [record("nope", 0, n, nll, run_id=f"nope-{lr}") for n in (16, 32)]
+        write_jsonl(tmp_path / f"pe=nope,train.lr={lr}" / "records.jsonl", rows)
+    assert write_report(tmp_path, compose())
+    ppl = (tmp_path / "tables" / "ppl.csv").read_text()
+    assert "nope [train.lr=0.1]" in ppl and "nope [train.lr=0.001]" in ppl
+
+
 def with_dirs(folder: Path) -> DictConfig:
     """The real config with its run and sweep folder set to ``folder``, as the callback sees it."""
     cfg = compose()

@@ -77,6 +77,12 @@ class Learned(PositionScheme):
 
     option_ranges: ClassVar[dict[str, Range]] = {"max_positions": Range(ge=1)}
 
+    @property
+    def caveat(self) -> str:
+        if self.beyond != "clamp":
+            return ""
+        return f"past its {self.rows} rows, every position reuses the last row (beyond=clamp)"
+
     def __init__(
         self, dims: ModelDims, *, max_positions: int | None = None, beyond: str = "error"
     ) -> None:

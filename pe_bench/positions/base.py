@@ -76,6 +76,9 @@ class PositionScheme(nn.Module):
             checkpoint they are evaluated on.
         shared_bias: ``score_bias`` ignores q, k and layer (ALiBi, T5, KERPLE, ...): the model
             builds the masked bias once per forward pass and shares it across layers.
+        eval_draws: how many draws of its positions an evaluation averages, for a scheme
+            whose evaluation positions are random (randomized positions); 1 for the others.
+            Before each draw the evaluation calls ``seed_eval_positions(draw)``.
 
     And as a property:
         max_positions: the longest sequence the scheme can serve (None: unbounded); longer
@@ -100,6 +103,7 @@ class PositionScheme(nn.Module):
     # The allowed values of options where the paper requires them, e.g. {"base": Range(gt=1)};
     # ``build_scheme`` checks them with the options' types before the constructor runs.
     option_ranges: ClassVar[dict[str, Range]] = {}
+    eval_draws: int = 1
 
     def __init__(self, dims: ModelDims) -> None:
         super().__init__()
@@ -122,6 +126,15 @@ class PositionScheme(nn.Module):
     def describe_limit(self) -> str:
         """How to serve longer sequences; shown in the error of ``check_length``."""
         return "no way to serve longer sequences"
+
+    @property
+    def caveat(self) -> str:
+        """Where this scheme, as configured, departs from its paper's protocol, in one line
+        ("" if nowhere): records carry it and reports print it under the numbers."""
+        return ""
+
+    def seed_eval_positions(self, draw: int) -> None:
+        """Make the evaluation positions of draw ``draw`` reproducible (``eval_draws`` > 1)."""
 
     @property
     def has_score_bias(self) -> bool:

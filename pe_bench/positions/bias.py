@@ -101,6 +101,15 @@ class T5Bias(PositionScheme):
         "max_distance": Range(ge=1),
     }
 
+    @property
+    def caveat(self) -> str:
+        if self.max_distance == 128:
+            return ""
+        return (
+            f"max_distance {self.max_distance}, lowered from T5's 128 so that every bucket "
+            "trains at this training length"
+        )
+
     def __init__(
         self,
         dims: ModelDims,

@@ -29,15 +29,16 @@ class FIRE(PositionScheme):
     mlp_width=32, init_c=0.1, init_L=512., eps=1e-6)``; c and the multiplier of L learned,
     ``nn.Linear`` default initialisation).
 
-    ``init_tau`` defaults to the reference's 512, lowered to the training length when that is
-    shorter: the paper's 512 is below its training lengths, so training sees every normalised
-    distance in [0, 1]; at L_train = 64 a tau of 512 would leave the MLP untrained on
-    (psi(64)/psi(512), 1], exactly the inputs longer contexts produce.
+    ``init_tau`` defaults to L_train / 4, the paper's ratio (its code's 512 for its training
+    length of 2048), so that training sees both regimes of the normaliser: queries before tau
+    (psi(tau) fixed) and after it (psi(i) growing with i). At L_train = 64 the reference's 512,
+    or any tau >= L_train, would keep psi(i) a constant in training and let progressive
+    interpolation appear only at evaluation.
 
     Args:
         mlp_width (int): hidden units of f. Default: 32.
         init_c (float): initial c. Default: 0.1.
-        init_tau (float | None): initial tau. Default: None, meaning min(512, L_train).
+        init_tau (float | None): initial tau. Default: None, meaning L_train / 4.
         eps (float): added to the normaliser. Default: 1e-6.
     """
 
@@ -60,7 +61,7 @@ class FIRE(PositionScheme):
         super().__init__(dims)
         if mlp_width < 1:
             raise UserError(f"fire: mlp_width must be >= 1, got {mlp_width}")
-        self.init_tau = float(min(512, dims.train_len) if init_tau is None else init_tau)
+        self.init_tau = float(dims.train_len / 4 if init_tau is None else init_tau)
         if self.init_tau <= 0:
             raise UserError(f"fire: init_tau must be > 0, got {init_tau}")
         self.eps = eps

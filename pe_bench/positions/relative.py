@@ -109,6 +109,8 @@ class Shaw(PositionScheme):
 
     option_ranges: ClassVar[dict[str, Range]] = {"max_distance": Range(ge=1)}
 
+    caveat = "key term a^K only: the paper's value term a^V has no hook in pe-bench"
+
     def __init__(self, dims: ModelDims, *, max_distance: int = 16) -> None:
         super().__init__(dims)
         if max_distance < 1:

@@ -129,6 +129,11 @@ class XPos(RoPE):
         "scale_base": Range(gt=0),
     }
 
+    caveat = (
+        "evaluated with plain causal attention, without the blockwise causal attention xPos "
+        "uses past its training length"
+    )
+
     def __init__(
         self,
         dims: ModelDims,
@@ -227,9 +232,17 @@ class DynamicNTK(RoPE):
     longer than L_train, base' = base * (f * l / L_train - (f - 1))^(h_d/(h_d-2)), recomputed
     for every l; plain RoPE up to L_train. With f = 1 it is NTK with s = l / L_train.
 
+    What "dynamic" changes depends on how the model is run. In generation the context grows
+    token by token and each step rescales for its own length. In pe-bench's windowed
+    evaluation every window of length L spans positions 0..L-1, so each is scored at
+    l = L: with the default f = 1 this row equals ``ntk`` at s = L / L_train (the scale the
+    ``ntk`` row uses), and a larger f only scales more (s = f L / L_train - (f - 1): 3, 7, 15,
+    31 at 2x-16x for HF's example f = 2), which is not comparable with ``ntk``'s row.
+
     Args:
         base (float): frequency base of the trained rope. Default: 10000.
-        factor (float): f. HF has no default; 2.0 is the value of its examples. Default: 2.0.
+        factor (float): f. HF has no default (its examples use 2.0); 1.0 scales as ``ntk``
+            does at every eval length. Default: 1.0.
     """
 
     relative = False  # the frequencies depend on the largest position, not on i - j alone
@@ -237,7 +250,7 @@ class DynamicNTK(RoPE):
 
     option_ranges: ClassVar[dict[str, Range]] = {**RoPE.option_ranges, "factor": Range(ge=1)}
 
-    def __init__(self, dims: ModelDims, *, base: float = 10000.0, factor: float = 2.0):
+    def __init__(self, dims: ModelDims, *, base: float = 10000.0, factor: float = 1.0):
         super().__init__(dims, base=base)
         if factor < 1:
             raise UserError(f"dynamic_ntk: factor must be >= 1, got {factor}")

@@ -16,16 +16,26 @@ def test_defaults_from_the_paper_code(dims):
     assert fire.mlp[0][0].out_features == 32  # mlp_width = 32
     assert fire.mlp[0][2].out_features == dims.num_heads
     assert len(fire.mlp) == dims.num_layers
-    assert fire.init_tau == 16  # min(512, L_train = 16)
+    assert fire.init_tau == 4  # L_train / 4 = 16 / 4
     long = ModelDims(d_model=32, num_heads=4, head_dim=8, num_layers=1, train_len=2048)
     assert build_scheme({"name": "fire"}, long).init_tau == 512  # the paper code's init_L
+
+
+@pytest.mark.parametrize("train_len", [16, 64, 2048])
+def test_training_positions_straddle_the_threshold(train_len):
+    """Training sees both regimes of psi(max(tau, i)): queries before tau (a constant
+    normaliser) and after it (progressive interpolation), as in the paper (512 of 2048)."""
+    dims = ModelDims(d_model=32, num_heads=4, head_dim=8, num_layers=1, train_len=train_len)
+    tau = build_scheme({"name": "fire"}, dims).init_tau
+    queries = torch.arange(train_len).float()
+    assert (queries < tau).any() and (queries > tau).mean(dtype=torch.float) >= 0.5
 
 
 def test_normalised_distance_by_hand(dims):
     # psi(x) = ln(0.1 x + 1), tau = 16:
     #   i = 20, j = 5:  psi(15) / psi(max(16, 20)) = ln 2.5 / ln 3
     #   i = 4,  j = 0:  psi(4) / psi(16)          = ln 1.4 / ln 2.6   (the threshold applies)
-    fire = build_scheme({"name": "fire"}, dims)
+    fire = build_scheme({"name": "fire", "init_tau": 16}, dims)
     x = fire.normalised_distance(torch.arange(24), torch.arange(24), 0)
     assert x[20, 5].item() == pytest.approx(math.log(2.5) / math.log(3), rel=1e-5)
     assert x[4, 0].item() == pytest.approx(math.log(1.4) / math.log(2.6), rel=1e-5)

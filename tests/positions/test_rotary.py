@@ -132,8 +132,7 @@ def test_xpos_decay_by_hand():
 def test_dynamic_ntk_base_by_hand():
     # f = 2, L_train = 16, l = 64: base' = 10000 (2 * 64/16 - 1)^(8/6) = 10000 * 7^(4/3),
     # so theta_3 = base'^(-6/8) = 10000^-0.75 / 7; up to l = 16 plain RoPE.
-    dyn = build_scheme({"name": "dynamic_ntk"}, DIMS)
-    assert dyn.factor == 2.0
+    dyn = build_scheme({"name": "dynamic_ntk", "factor": 2.0}, DIMS)
     got = dyn.inv_freq(64)
     assert got[0].item() == pytest.approx(1.0)
     assert got[3].item() == pytest.approx(0.001 / 7)
@@ -243,6 +242,21 @@ def test_cached_frequencies_equal_the_formula_bit_for_bit():
     exponent = -torch.arange(0, 8, 2, dtype=torch.float64) / 8
     rope = build_scheme({"name": "rope"}, DIMS)
     assert torch.equal(rope.frequencies(torch.arange(40)), (10000.0**exponent).float())
-    dyn = build_scheme({"name": "dynamic_ntk"}, DIMS)
+    dyn = build_scheme({"name": "dynamic_ntk", "factor": 2.0}, DIMS)
     base = 10000.0 * (2.0 * 40 / 16 - 1.0) ** (8 / 6)
     assert torch.equal(dyn.frequencies(torch.arange(40)), (base**exponent).float())
+
+
+@pytest.mark.parametrize("length", [16, 32, 64, 256])
+def test_dynamic_ntk_default_scales_as_ntk_in_windowed_evaluation(length):
+    """Every window of length L spans positions 0..L-1: dynamic NTK's default (f = 1) then
+    rotates as NTK at s = L / L_train, so the two rows compare at equal scale (f = 2 would
+    give s = 2 L / L_train - 1: 3, 7, 15, 31 at 2x-16x)."""
+    dyn = build_scheme({"name": "dynamic_ntk"}, DIMS)
+    assert dyn.factor == 1.0
+    ntk = build_scheme({"name": "ntk"}, DIMS)
+    q, k = (torch.randn(1, 4, length, 8) for _ in range(2))
+    pos = torch.arange(length)
+    assert torch.allclose(
+        attention_logits(dyn, q, k, pos, pos), attention_logits(ntk, q, k, pos, pos), atol=1e-5
+    )

@@ -266,11 +266,26 @@ def _variants(cfg: RunConfig, trained: PositionScheme) -> list[tuple[str, str, P
                 "variant; use pe=" + cls.name
             )
         if cls.variant_of == trained.name:
+            check_shared_options(variant_cfg, cfg.pe, where)
             variants.append((key, config_hash(variant_cfg), _built(variant_cfg, cfg, where + ".")))
         else:  # not evaluated in this run, but a bad option is refused all the same
             options = {k: v for k, v in variant_cfg.items() if k not in META_KEYS}
             checked_options(cls, options, where + ".")
     return variants
+
+
+def check_shared_options(variant: dict[str, Any], trained: dict[str, Any], where: str) -> None:
+    """Refuse an eval-time variant whose options shared with the trained scheme (RoPE's
+    ``base``) differ from the trained values: it would score a model other than the one
+    trained. The variant configs take them from ``pe`` (``${oc.select:pe.base,...}``); a
+    fine-tune may change them, as it trains."""
+    for key, value in variant.items():
+        if key not in META_KEYS and key in trained and value != trained[key]:
+            raise UserError(
+                f"{where}.{key}={value} differs from the trained model's pe.{key}="
+                f"{trained[key]}: a variant evaluates the trained model; leave "
+                f"{where}.{key} unset to use the trained value"
+            )
 
 
 def _finetunes(

@@ -68,6 +68,30 @@ def test_paper_experiments_have_the_papers_lengths_and_ratios():
     assert tuned[1].scheme.factor == 4.0  # PI's positions / 4 at every length
 
 
+@pytest.mark.parametrize("variant", ["dynamic_ntk", "yarn", "logn"])  # pi, ntk: default
+def test_variants_take_the_trained_ropes_base(variant):
+    """A variant scores the trained model: at base 500000 its rope+variant rows use 500000
+    too (they once used 10000 whatever the trained base), and so does a PI fine-tune."""
+    job = plan(compose("pe=rope", "pe.base=500000", f"+pe@eval.variants.{variant}={variant}"))
+    assert {task.variant: task.scheme.base for task in job.tasks if task.scheme} == {
+        "pi": 500000.0,
+        "ntk": 500000.0,
+        variant: 500000.0,
+    }
+    tuned = plan(compose("pe=rope", "pe.base=500000", "+finetune@finetunes.pi=pi")).finetunes
+    assert tuned[0].scheme.base == 500000.0
+
+
+def test_a_variant_at_another_base_than_the_trained_rope_is_refused():
+    cfg = compose("pe=rope", "pe.base=500000", "eval.variants.pi.base=10000")
+    with pytest.raises(
+        UserError,
+        match=r"^eval.variants.pi.base=10000 differs from the trained "
+        r"model's pe.base=500000: a variant evaluates the trained model",
+    ):
+        plan(cfg)
+
+
 def test_a_bad_data_config_is_refused_before_loading():
     with pytest.raises(UserError, match="data=hf needs data.name=<dataset>"):
         check_config({"source": "hf", "name": None})

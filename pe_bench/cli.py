@@ -157,7 +157,10 @@ def _context(job: Plan, out_dir: Path, world: World, device: torch.device) -> Ru
     """Load the data and open the job folder."""
     corpus = load_corpus(job.cfg.data)
     stream = eval_stream(corpus, job.n_targets)
-    store = RunStore(out_dir, job.run_ids, corpus.sha, fresh=job.cfg.force, writer=world.main)
+    variants = {task.variant: task.variant_hash for task in job.tasks}
+    store = RunStore(
+        out_dir, job.run_ids, corpus.sha, job.cfg.force, writer=world.main, variants=variants
+    )
     return RunContext(job, corpus, stream, store, world, device)
 
 

@@ -4,7 +4,8 @@ training curves, starting over.
 A job folder holds one trained model and its fine-tunes (each a run id): ``records.jsonl``,
 ``positions.jsonl`` (per-position loss of each ok record), ``curve.jsonl`` (training curves,
 the trained model's first), ``config.yaml`` and the checkpoints. Records of other run ids or
-another corpus are stale and dropped at the next write; skipped records are retried. A
+another corpus, or of an eval-time variant whose config has changed since (``variant_hash``),
+are stale and dropped at the next write; skipped records are retried. A
 position row lives as long as its record, a curve as long as a record of its run id: neither
 carries the corpus hash, and a row whose record was never written (a kill between the two
 writes) is computed again with it, never twice.
@@ -74,12 +75,21 @@ class RunStore:
     """The files of one job folder, for run ids ``run_ids`` (trained model first) on the corpus
     with hash ``corpus_sha``.
 
-    ``fresh`` ignores what is there (``force=true``); only the ``writer`` (rank 0 under
-    torchrun) deletes or writes files, so every rank decides from the files as they were.
+    ``variants`` maps each eval-time variant of the plan to its config hash: records of that
+    variant under another hash are superseded (a variant key names one config at a time, else
+    the report would see two rows for one cell). ``fresh`` ignores what is there
+    (``force=true``); only the ``writer`` (rank 0 under torchrun) deletes or writes files, so
+    every rank decides from the files as they were.
     """
 
     def __init__(
-        self, folder: Path, run_ids: list[str], corpus_sha: str, fresh: bool, writer: bool = True
+        self,
+        folder: Path,
+        run_ids: list[str],
+        corpus_sha: str,
+        fresh: bool,
+        writer: bool = True,
+        variants: dict[str, str] | None = None,
     ) -> None:
         self.folder, self.run_ids, self.corpus_sha = folder, run_ids, corpus_sha
         self.writer = writer
@@ -94,6 +104,8 @@ class RunStore:
             if r.get("run_id") in run_ids
             and r.get("corpus_sha") == corpus_sha
             and r.get("status") != "skipped"
+            and (variants or {}).get(r.get("variant"), r.get("variant_hash"))
+            == r.get("variant_hash")
         ]
         self._done = {record_key(r) for r in self.records}
         self.positions = [r for r in self._rows(POSITIONS, fresh) if record_key(r) in self._done]

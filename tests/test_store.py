@@ -59,6 +59,22 @@ def test_positions_and_curves_follow_their_records(tmp_path):
     assert other_corpus.curves == {}
 
 
+def test_records_of_a_changed_variant_config_are_superseded(tmp_path):
+    """A variant whose config changed (its hash) is recomputed and its old records dropped, or
+    the report would find two rows for one cell; a variant no longer planned is kept."""
+    old = [
+        {**record("a", 16), "variant": "pi", "variant_hash": "old"},
+        {**record("a", 16), "variant": "yarn", "variant_hash": "y"},
+        record("a", 16),
+    ]
+    write_jsonl(tmp_path / RECORDS, old)
+    again = RunStore(tmp_path, ["a"], "c1", fresh=False, variants={"none": "", "pi": "new"})
+    assert [(r["variant"], r["variant_hash"]) for r in again.records] == [
+        ("yarn", "y"),
+        ("none", ""),
+    ]
+
+
 def test_stray_temporary_files_of_a_killed_run_are_removed(tmp_path):
     strays = [".records.jsonl.x1.tmp", ".checkpoint.pt.tmp", ".checkpoint-pi.pt.k2.tmp"]
     for name in [*strays, "notes.tmp", ".report.md.x3.tmp"]:

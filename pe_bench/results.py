@@ -181,16 +181,21 @@ def check_one_run(file: Path, rows: list[dict]) -> None:
         )
 
 
+CODE_PATHS = (":(top)pe_bench", ":(top)conf", ":(top)pyproject.toml")
+
+
 @cache
 def git_sha() -> str:
-    """The code's git commit, with ``-dirty`` for uncommitted changes; ``unknown`` outside git."""
+    """The code's git commit, with ``-dirty`` for uncommitted changes to what sets the numbers
+    (the package, its configs, its pins; not results or docs, which runs themselves rewrite);
+    ``unknown`` outside git."""
     here = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS],
             cwd=here,
             capture_output=True,
             text=True,

@@ -403,7 +403,9 @@ def pairwise_markdown(report: Report) -> list[str]:
             f"paired over seeds (the same seed: the same data order, trunk initialisation and "
             f"test tokens), excludes 0. Schemes the seeds cannot tell apart share a rank. "
             f"{separated} of {len(pairs)} pairs are separated (up to n = {n} seeds per pair; "
-            f"every pair in `tables/pairwise.csv`)."
+            f"every pair in `tables/pairwise.csv`). Each pair is tested alone, uncorrected for "
+            f"the {len(pairs)} comparisons: about 1 in 20 pairs with no true difference is "
+            "separated by chance."
         )
     return [
         "## Which differences the seeds support",

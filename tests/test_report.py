@@ -191,6 +191,25 @@ def test_diverged_runs_are_shown(tmp_path):
     assert diverged_table[1:] == [["alibi", "3", "alibi-3", "7"], ["xl", "0", "xl-0", "40"]]
 
 
+def test_the_report_ranks_only_what_the_seeds_separate(tmp_path):
+    """rope is 0.7 nats worse than alibi at 32 in every seed (separated: rank 2) and within
+    seed noise at 16 (shared rank 1); every pair is in tables/pairwise.csv."""
+    rows = three_seeds()[:6]
+    for seed, shift in enumerate([-0.1, 0.1, 0.0]):
+        rows += [record("rope", seed, 16, 1.2 + shift), record("rope", seed, 32, 2.0 + seed * 0.2)]
+    write_runs(tmp_path, rows)
+    report.build_report(tmp_path, echo=False)
+    text = (tmp_path / "report.md").read_text()
+    (ranks,) = section_tables(text, "Which differences the seeds support")
+    assert ranks == [["scheme", "16", "32"], ["rope", "1", "2"], ["alibi", "1", "1"]]
+    assert "1 of 2 pairs are separated (up to n = 3 seeds per pair" in text
+    pairs = pd.read_csv(tmp_path / "tables" / "pairwise.csv")
+    assert pairs[["label_a", "label_b", "eval_len", "n"]].values.tolist() == [
+        ["rope", "alibi", 16, 3],
+        ["rope", "alibi", 32, 3],
+    ]
+
+
 def test_caveats_travel_with_the_numbers(tmp_path):
     """A scheme whose protocol departs from its paper's carries a one-line caveat from its
     records into report.md, under the value table; one seed's record carrying it is enough."""

@@ -44,9 +44,9 @@ def repetitive_corpus() -> Corpus:
     return Corpus(name="abc", sha="x", splits={"train": data, "valid": data, "test": data})
 
 
-def test_tiny_model_learns_a_repeating_pattern():
-    model = tiny_model("rope")
-    cfg = TrainConfig(
+def pattern_config(**changes) -> TrainConfig:
+    """60 steps at a high learning rate: enough for a tiny model to learn ``abcdefgh``."""
+    return TrainConfig(
         seq_len=16,
         batch_size=8,
         steps=60,
@@ -55,7 +55,13 @@ def test_tiny_model_learns_a_repeating_pattern():
         log_every=10,
         val_every=0,
         val_batches=1,
+        **changes,
     )
+
+
+def test_tiny_model_learns_a_repeating_pattern():
+    model = tiny_model("rope")
+    cfg = pattern_config()
     corpus = repetitive_corpus()
     assert validation_loss(model, corpus, cfg, torch.device("cpu")) > 4.0  # ~ln 256 untrained
     result = fit(model, corpus, cfg, torch.device("cpu"))
@@ -90,17 +96,7 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 @pytest.mark.parametrize("compile", [False, True])
 def test_cuda_bf16_training_learns(compile):
     """On GPU training runs in bf16 autocast (optionally compiled) and still learns."""
-    cfg = TrainConfig(
-        seq_len=16,
-        batch_size=8,
-        steps=60,
-        lr=1e-2,
-        warmup_steps=5,
-        log_every=10,
-        val_every=0,
-        val_batches=1,
-        compile=compile,
-    )
+    cfg = pattern_config(compile=compile)
     result = fit(tiny_model("rope"), repetitive_corpus(), cfg, torch.device("cuda"))
     assert result.final_val_loss < 0.5
 

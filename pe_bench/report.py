@@ -38,7 +38,15 @@ from pe_bench.aggregate import METRICS
 from pe_bench.errors import UserError
 from pe_bench.evaluate import MODES
 from pe_bench.plots import TITLES
-from pe_bench.results import CURVE, POSITIONS, RECORDS, atomic_write_text, load_records, read_jsonl
+from pe_bench.results import (
+    COMMANDS,
+    CURVE,
+    POSITIONS,
+    RECORDS,
+    atomic_write_text,
+    load_records,
+    read_jsonl,
+)
 
 FORMATS = {"ppl": "{:.2f}", "bpb": "{:.3f}", "nll": "{:.3f}"}
 CONSOLE_METRICS = ("ppl", "bpb")
@@ -455,22 +463,24 @@ def distinct(df: pd.DataFrame, column: str) -> str:
 
 
 def commands(root: Path) -> list[str]:
-    """The ``pe-bench`` command of every sweep (multirun.yaml) or single run
-    (.hydra/overrides.yaml) that wrote records under ``root``."""
-    found = []
+    """The ``pe-bench`` command of every sweep (``commands.txt``, else multirun.yaml, which holds
+    only the last sweep's) or single run (.hydra/overrides.yaml) that wrote records under
+    ``root``."""
+    found: list[str] = []
     for path in sorted(root.rglob(RECORDS)):
         run = path.parent
         inside = [run, *(p for p in run.parents if p == root or root in p.parents)]
         sweep = next((p for p in inside if (p / "multirun.yaml").exists()), None)
-        if sweep is not None:
+        if sweep is not None and (sweep / COMMANDS).exists():
+            lines = (sweep / COMMANDS).read_text().splitlines()
+        elif sweep is not None:
             overrides = OmegaConf.load(sweep / "multirun.yaml").hydra.overrides.task
-            command = shlex.join(["pe-bench", "-m", *overrides])
+            lines = [shlex.join(["pe-bench", "-m", *overrides])]
         elif (run / ".hydra" / "overrides.yaml").exists():
-            command = shlex.join(["pe-bench", *OmegaConf.load(run / ".hydra" / "overrides.yaml")])
+            lines = [shlex.join(["pe-bench", *OmegaConf.load(run / ".hydra" / "overrides.yaml")])]
         else:
-            continue
-        if command not in found:
-            found.append(command)
+            lines = []
+        found += [line for line in lines if line not in found]
     return found
 
 

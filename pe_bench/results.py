@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 RECORDS = "records.jsonl"
 POSITIONS = "positions.jsonl"
 CURVE = "curve.jsonl"
+COMMANDS = "commands.txt"  # in a sweep folder: the command of every sweep that wrote into it
 
 # A record's identity within its run (with its ``run_id``): a record with the same run id and
 # the same values of these fields is the same measurement, computed once.

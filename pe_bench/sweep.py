@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from omegaconf import DictConfig
 from pe_bench import tracking
 from pe_bench.distributed import rank_from_env
 from pe_bench.errors import UserError
+from pe_bench.results import COMMANDS, atomic_write_text
 
 log = logging.getLogger("pe_bench")
 
@@ -57,6 +59,8 @@ class SweepCallback(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.total, self.started = sweep_size(config), time.time()
+        if rank_from_env() == 0:
+            log_command(Path(config.hydra.sweep.dir), config.hydra.overrides.task)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         job = HydraConfig.get().job
@@ -96,6 +100,17 @@ class SweepCallback(Callback):
             log.error("failed: %s: %s", path.parent.name, path.read_text().strip())
         if failed or not reported:
             sys.exit(1)
+
+
+def log_command(sweep_dir: Path, overrides: list[str]) -> None:
+    """Add this sweep's command to the folder's ``COMMANDS`` (Hydra's multirun.yaml keeps only
+    the last sweep's): a report of a folder that several sweeps filled, say seeds 1,2 added to a
+    seed-0 suite, lists every command that made its records."""
+    path = sweep_dir / COMMANDS
+    known = path.read_text().splitlines() if path.exists() else []
+    command = shlex.join(["pe-bench", "-m", *overrides])
+    if command not in known:
+        atomic_write_text(path, "".join(f"{line}\n" for line in [*known, command]))
 
 
 def write_report(root: Path, config: DictConfig) -> bool:

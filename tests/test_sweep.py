@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig, open_dict
 
+from pe_bench.report import commands
 from pe_bench.results import write_jsonl
-from pe_bench.sweep import SweepCallback, sweep_size, write_report
+from pe_bench.sweep import SweepCallback, log_command, sweep_size, write_report
 
 from .helpers import TINY, TRAINABLE, compose, pe_bench, record, three_seeds
 
@@ -52,6 +53,19 @@ def test_a_sweep_over_a_setting_reports_each_value_as_its_own_row(tmp_path):
     assert write_report(tmp_path, compose())
     ppl = (tmp_path / "tables" / "ppl.csv").read_text()
     assert "nope [train.lr=0.1]" in ppl and "nope [train.lr=0.001]" in ppl
+
+
+def test_every_sweep_into_a_folder_is_in_its_commands(tmp_path):
+    """Seeds 1,2 added to a seed-0 suite: Hydra's multirun.yaml keeps the last sweep only, the
+    report's commands keep both (once each, however often a sweep is rerun)."""
+    write_runs(tmp_path, three_seeds())
+    (tmp_path / "multirun.yaml").write_text("hydra: {overrides: {task: [train.seed=1,2]}}")
+    for overrides in (["experiment=quick"], ["experiment=quick", "train.seed=1,2"]) * 2:
+        log_command(tmp_path, overrides)
+    assert commands(tmp_path) == [
+        "pe-bench -m experiment=quick",
+        "pe-bench -m experiment=quick train.seed=1,2",
+    ]
 
 
 def with_dirs(folder: Path) -> DictConfig:

@@ -23,6 +23,18 @@ from omegaconf import DictConfig, OmegaConf
 
 from pe_bench.errors import UserError
 
+
+def trained_option(key: str, default: Any, *, _parent_: DictConfig, _root_: DictConfig) -> Any:
+    """``${trained_option:base,10000.0}``: the trained scheme's ``pe.<key>`` (else ``default``),
+    the value an eval-time variant or a fine-tune's scheme takes by default. A variant mounted
+    as ``pe`` itself (``pe=pi``, which plan refuses) gets ``default`` instead of reading itself."""
+    if _parent_._get_full_key(None) == "pe":
+        return default
+    return OmegaConf.select(_root_, f"pe.{key}", default=default)
+
+
+OmegaConf.register_new_resolver("trained_option", trained_option, replace=True)
+
 T = TypeVar("T")
 
 

@@ -277,7 +277,7 @@ def _variants(cfg: RunConfig, trained: PositionScheme) -> list[tuple[str, str, P
 def check_shared_options(variant: dict[str, Any], trained: dict[str, Any], where: str) -> None:
     """Refuse an eval-time variant whose options shared with the trained scheme (RoPE's
     ``base``) differ from the trained values: it would score a model other than the one
-    trained. The variant configs take them from ``pe`` (``${oc.select:pe.base,...}``); a
+    trained. The variant configs take them from ``pe`` (``${trained_option:base,...}``); a
     fine-tune may change them, as it trains."""
     for key, value in variant.items():
         if key not in META_KEYS and key in trained and value != trained[key]:

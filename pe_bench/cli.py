@@ -58,7 +58,7 @@ from pe_bench.errors import UserError
 from pe_bench.evaluate import EvalTask, evaluate_tasks
 from pe_bench.model import GPT
 from pe_bench.plan import Finetune, Plan, RunConfig, check_top_keys, plan
-from pe_bench.results import atomic_write_text, make_record, provenance
+from pe_bench.results import atomic_write_text, git_sha, make_record, provenance
 from pe_bench.store import RunStore, job_lock
 from pe_bench.sweep import FAILED
 from pe_bench.train import Diverged, TrainResult, finetune, fit
@@ -332,6 +332,7 @@ def main() -> None:
     except UserError as err:
         print(f"pe-bench: error: {err}", file=sys.stderr)
         sys.exit(2)
+    git_sha()  # records name the code loaded now, not a commit made while a sweep runs
     hydra_main()
 
 

@@ -46,6 +46,7 @@ from pe_bench.results import (
     atomic_write_text,
     load_records,
     read_jsonl,
+    sweep_command,
 )
 
 FORMATS = {"ppl": "{:.2f}", "bpb": "{:.3f}", "nll": "{:.3f}"}
@@ -475,7 +476,7 @@ def commands(root: Path) -> list[str]:
             lines = (sweep / COMMANDS).read_text().splitlines()
         elif sweep is not None:
             overrides = OmegaConf.load(sweep / "multirun.yaml").hydra.overrides.task
-            lines = [shlex.join(["pe-bench", "-m", *overrides])]
+            lines = [sweep_command(overrides)]
         elif (run / ".hydra" / "overrides.yaml").exists():
             lines = [shlex.join(["pe-bench", *OmegaConf.load(run / ".hydra" / "overrides.yaml")])]
         else:

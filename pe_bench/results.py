@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import platform
+import shlex
 import subprocess
 import tempfile
 import warnings
@@ -41,6 +42,12 @@ COMMANDS = "commands.txt"  # in a sweep folder: the command of every sweep that 
 # A record's identity within its run (with its ``run_id``): a record with the same run id and
 # the same values of these fields is the same measurement, computed once.
 RECORD_KEY = ("variant", "variant_hash", "eval_len", "mode", "stride", "tokens")
+
+
+def sweep_command(overrides: Iterable[str]) -> str:
+    """The ``pe-bench -m`` command line of a sweep with ``overrides``, as ``COMMANDS`` and the
+    report's Reproduce section write it."""
+    return shlex.join(["pe-bench", "-m", *overrides])
 
 
 def record_key(record: dict) -> tuple:

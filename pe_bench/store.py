@@ -98,14 +98,14 @@ class RunStore:
             self._remove_strays()
         if fresh and writer:
             self.start_over()
+        variants = variants or {}
         self.records = [
             r
             for r in self._rows(RECORDS, fresh)
             if r.get("run_id") in run_ids
             and r.get("corpus_sha") == corpus_sha
             and r.get("status") != "skipped"
-            and (variants or {}).get(r.get("variant"), r.get("variant_hash"))
-            == r.get("variant_hash")
+            and variants.get(r.get("variant"), r.get("variant_hash")) == r.get("variant_hash")
         ]
         self._done = {record_key(r) for r in self.records}
         self.positions = [r for r in self._rows(POSITIONS, fresh) if record_key(r) in self._done]

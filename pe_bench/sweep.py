@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ from omegaconf import DictConfig
 from pe_bench import tracking
 from pe_bench.distributed import rank_from_env
 from pe_bench.errors import UserError
-from pe_bench.results import COMMANDS, atomic_write_text
+from pe_bench.results import COMMANDS, atomic_write_text, sweep_command
 
 log = logging.getLogger("pe_bench")
 
@@ -108,7 +107,7 @@ def log_command(sweep_dir: Path, overrides: list[str]) -> None:
     seed-0 suite, lists every command that made its records."""
     path = sweep_dir / COMMANDS
     known = path.read_text().splitlines() if path.exists() else []
-    command = shlex.join(["pe-bench", "-m", *overrides])
+    command = sweep_command(overrides)
     if command not in known:
         atomic_write_text(path, "".join(f"{line}\n" for line in [*known, command]))
 

@@ -50,9 +50,11 @@ class PositionScheme(nn.Module):
       composes two finer hooks a scheme overrides instead:
 
       - ``rotate(q, k, q_pos, k_pos, layer)``: rotate or rescale q and k (RoPE, xPos);
-      - ``logit_scale(q_pos, k_pos)``: a factor ``[s_q]`` per query, multiplied into q, so
-        it scales q . k (and any content-dependent term built from q) but not a content-free
-        bias (log-n scaling, YaRN's attention factor);
+      - ``logit_scale(q_pos, k_pos, layer)``: a factor per query, ``[s_q]``, or per head and
+        query, ``[n_h, s_q]``, multiplied into q, so it scales q . k (and any
+        content-dependent term built from q) (log-n scaling, YaRN's attention factor, SSMax's
+        learned s ln n). It scales a content-free bias too only where the scheme declares
+        ``scales_bias = True``;
 
     - ``score_bias(q, k, q_pos, k_pos, layer)``: a term added to the attention logits *after*
       the 1/sqrt(h_d) scaling of q . k (as SDPA's ``attn_mask``), before the causal mask.
@@ -72,6 +74,9 @@ class PositionScheme(nn.Module):
         name: the registry name (set by ``@register``).
         relative: the logits depend on i - j only; checked by shifting every position.
         content_bias: ``score_bias`` reads q or k (see above).
+        scales_bias: ``logit_scale`` multiplies the content-free ``score_bias`` as well as
+            q . k (SSMax on ALiBi: the whole logit is scaled). Such a bias is then built per
+            layer (a per-layer scale cannot share one mask across layers).
         variant_of: for eval-time variants (PI, NTK, YaRN, ...), the trained scheme whose
             checkpoint they are evaluated on.
         shared_bias: ``score_bias`` ignores q, k and layer (ALiBi, T5, KERPLE, ...): the model
@@ -100,6 +105,7 @@ class PositionScheme(nn.Module):
     content_bias: ClassVar[bool] = False
     variant_of: ClassVar[str | None] = None
     shared_bias: ClassVar[bool] = False
+    scales_bias: ClassVar[bool] = False
     # The allowed values of options where the paper requires them, e.g. {"base": Range(gt=1)};
     # ``build_scheme`` checks them with the options' types before the constructor runs.
     option_ranges: ClassVar[dict[str, Range]] = {}
@@ -157,9 +163,9 @@ class PositionScheme(nn.Module):
         """Queries ``[b, n_h, s_q, h_d]`` and keys ``[b, n_h, s_k, h_d]``, transformed:
         ``rotate``, then the queries multiplied by ``logit_scale``."""
         q, k = self.rotate(q, k, q_pos, k_pos, layer)
-        scale = self.logit_scale(q_pos, k_pos)
+        scale = self.logit_scale(q_pos, k_pos, layer)
         if scale is not None:
-            q = q * scale.to(q.dtype).unsqueeze(-1)  # [s_q, 1]: row i of q . k times scale_i
+            q = q * scale.to(q.dtype).unsqueeze(-1)  # [(n_h,) s_q, 1]: row i of q . k times scale_i
         return q, k
 
     def score_bias(
@@ -203,8 +209,9 @@ class PositionScheme(nn.Module):
         """Rotate or rescale queries ``[b, n_h, s_q, h_d]`` and keys ``[b, n_h, s_k, h_d]``."""
         return q, k
 
-    def logit_scale(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
-        """A factor per query ``[s_q]`` on its logits q . k (temperature), or None."""
+    def logit_scale(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor | None:
+        """A factor on the logits q . k of each query, ``[s_q]``, or of each head and query,
+        ``[n_h, s_q]`` (a temperature), or None."""
         return None
 
 

@@ -332,7 +332,7 @@ class YaRN(ScaledRoPE):
         """a = 0.1 ln(s) + 1, the factor HF puts on cos and sin."""
         return 0.1 * math.log(self.scale(seq_len)) + 1.0
 
-    def logit_scale(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+    def logit_scale(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor | None:
         a = self.attention_factor(self.context_len(k_pos))
         return None if a == 1.0 else torch.full(q_pos.shape, a * a, device=q_pos.device)
 
@@ -356,6 +356,6 @@ class LogN(RoPE):
         if dims.train_len < 2:
             raise UserError(f"logn needs a training length >= 2, got {dims.train_len}")
 
-    def logit_scale(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def logit_scale(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
         p = q_pos.float() + 1  # 1-based: the number of keys the query sees
         return (p.log() / math.log(self.dims.train_len)).clamp(min=1.0)

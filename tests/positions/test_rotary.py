@@ -169,7 +169,7 @@ def test_yarn_attention_factor_matches_scaling_cos_and_sin():
 def test_logn_scale_by_hand():
     # max(1, ln p / ln 16) for 1-based p = 4, 16, 64, 256 -> 1, 1, 1.5, 2
     logn = build_scheme({"name": "logn"}, DIMS)
-    scale = logn.logit_scale(torch.tensor([3, 15, 63, 255]), torch.arange(256))
+    scale = logn.logit_scale(torch.tensor([3, 15, 63, 255]), torch.arange(256), layer=0)
     assert scale.tolist() == pytest.approx([1.0, 1.0, 1.5, 2.0])
     q, k, pos = torch.randn(1, 4, 64, 8), torch.randn(1, 4, 64, 8), torch.arange(64)
     rope = build_scheme({"name": "rope"}, DIMS)

@@ -5,8 +5,9 @@ when the scheme adds no logit term. Otherwise (``biased_attention``) the scheme'
 causal ``-inf`` go into one 4-D float mask (a 3-D mask sends CPU SDPA to its slow math path,
 and ``attn_mask`` with ``is_causal`` raises on some backends), by query chunks for long
 windows; or, where ``model.attention`` picks FlexAttention (``use_flex``), the term goes in
-as a ``score_mod`` and no mask is built (``flex_attention``). ``reference_attention`` writes
-the math out; tests hold the paths equal.
+as a ``score_mod`` and no mask is built (``flex_attention``). A scheme that rewrites the
+logits or their normalisation (``modify_logits``, ``attention_weights``) attends through
+``explicit_attention``. ``reference_attention`` writes the math out; tests hold the paths equal.
 
 Shapes: q ``[b, n_h, s_q, h_d]``, k and v ``[b, n_h, s_k, h_d]``; the queries are the last s_q
 of the s_k positions, so query i may see keys j <= s_k - s_q + i.
@@ -178,15 +179,46 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) ->
     return (logits.softmax(dim=-1) @ v.float()).type_as(q)
 
 
+def scheme_logits(
+    pe: PositionScheme, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
+) -> Tensor:
+    """The logits before the causal mask, ``[b, n_h, s_q, s_k]`` in float32, of queries and
+    keys already through ``transform_qk``: scaled q . k, the scheme's bias, ``modify_logits``."""
+    logits = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    bias = pe.logit_bias(q, k, q_pos, k_pos, layer)
+    return pe.modify_logits(
+        logits, None if bias is None else bias.float(), q, k, q_pos, k_pos, layer
+    )
+
+
 def attention_logits(
     pe: PositionScheme, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int = 0
 ) -> Tensor:
-    """The scaled logits a scheme produces before the causal mask: ``[b, n_h, s_q, s_k]``.
+    """The logits a scheme produces from raw q and k before the causal mask:
+    ``[b, n_h, s_q, s_k]``.
 
     What the invariance tests compare: for a relative scheme they must not change when every
-    position shifts by the same constant.
+    position shifts by the same constant, nor when the window grows in front.
     """
     q, k = pe.transform_qk(q, k, q_pos, k_pos, layer)
-    logits = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])
-    bias = pe.score_bias(q, k, q_pos, k_pos, layer)
-    return logits if bias is None else logits + bias.float()
+    return scheme_logits(pe, q, k, q_pos, k_pos, layer)
+
+
+def explicit_attention(
+    q: Tensor, k: Tensor, v: Tensor, pos: Tensor, pe: PositionScheme, layer: int
+) -> Tensor:
+    """Attention written out, for schemes with ``modify_logits`` or ``attention_weights``:
+    their logits, their weights, times v, in float32 (as ``_fp32_attention``), by query chunks
+    of at most ``MASK_BUDGET`` logits. q and k are already through ``transform_qk``."""
+    b, h, s, _ = q.shape
+    chunk = max(1, MASK_BUDGET // (b * h * s))
+    outputs = []
+    with torch.autocast(q.device.type, enabled=False):
+        for start in range(0, s, chunk):
+            end = min(s, start + chunk)
+            logits = scheme_logits(
+                pe, q[:, :, start:end], k[:, :, :end], pos[start:end], pos[:end], layer
+            )
+            weights = pe.attention_weights(logits, causal_allowed(end - start, end, q.device))
+            outputs.append((weights @ v[:, :, :end].float()).to(q.dtype))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)

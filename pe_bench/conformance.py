@@ -26,8 +26,14 @@ every term to count, e.g. zero-initialised tables) and verify:
   calls it for every length before training; the forward pass itself never checks);
 - ``determinism``: the same seed builds the same parameters; repeated passes are identical;
 - ``gradients``: every trainable parameter of the scheme gets a finite, non-zero gradient;
-- ``relative``: when the scheme declares ``relative = True``, the logits do not change when
-  every position shifts by a constant;
+- ``relative``: when the scheme declares ``relative = True`` (itself or by inheritance), the
+  logits do not change when every position shifts by a constant, nor when the same tokens sit
+  later in a window of the same length (catches a term that reads a token's index in the
+  window rather than its position, as SSMax's ln n does);
+- ``logit_hooks``: ``logit_scale`` gives ``[s_q]`` or ``[n_h, s_q]``, finite; a scheme that
+  declares ``scales_bias`` has a content-free bias and a scale to put on it; and
+  ``attention_weights`` (where overridden) is finite, non-negative, sums to at most 1 per
+  query and puts no weight on a future key;
 - ``content_bias``: a bias declared content-free does not change with q and k (a fast path may
   cache it), and has no batch dimension;
 - ``shared_bias``: a bias declared shared (``shared_bias = True``) is the same in every layer,
@@ -401,13 +407,25 @@ def check_gradients(setup: Setup) -> str:
     return f"all {len(params)} parameter tensors ({n:,} values) get finite, non-zero gradients"
 
 
+def declared_by(cls: type, attribute: str) -> type:
+    """The class in ``cls``'s MRO whose body sets ``attribute``."""
+    return next(c for c in cls.__mro__ if attribute in vars(c))
+
+
 def check_relative(setup: Setup) -> str:
     scheme, s, pos = scheme_under_test(setup)
     if not scheme.relative:
         raise Skipped("not declared relative")
+    owner = declared_by(type(scheme), "relative")
+    declared = (
+        "declares relative = True"
+        if owner is type(scheme)
+        else f"inherits relative = True from {owner.__qualname__}"
+    )
     q, k = qk(setup, s, s)
     limit = scheme.max_positions
     shifts = [n for n in SHIFTS if limit is None or s + n <= limit]
+    moves = [n for n in (1, s // 3) if 0 < n < s]
     for layer in range(setup.dims.num_layers):
         base = allowed_entries(attention_logits(scheme, q, k, pos, pos, layer), s, s)
         for shift in shifts:
@@ -415,11 +433,82 @@ def check_relative(setup: Setup) -> str:
             moved = allowed_entries(moved, s, s)
             if max_diff(base, moved) > tolerance(base, 2e-4):
                 raise Failed(
-                    f"declares relative = True, but its logits change by "
-                    f"{max_diff(base, moved):.3g} when every position shifts by {shift} (layer "
-                    f"{layer}): they depend on absolute positions; set relative = False"
+                    f"{declared}, but its logits change by {max_diff(base, moved):.3g} when "
+                    f"every position shifts by {shift} (layer {layer}): they depend on absolute "
+                    "positions; set relative = False"
                 )
-    return f"logits unchanged when every position shifts by {', '.join(map(str, shifts))}"
+        for move in moves:
+            first, later = moved_logits(scheme, setup, q, k, move, layer)
+            first, later = (allowed_entries(x, s - move, s - move) for x in (first, later))
+            if max_diff(first, later) > tolerance(first, 2e-4):
+                raise Failed(
+                    f"{declared}, but the logits of the same tokens change by "
+                    f"{max_diff(first, later):.3g} when they sit {move} places later in a window "
+                    f"of {s} (layer {layer}): they depend on a token's index in the window (e.g. "
+                    "SSMax's ln n); set relative = False"
+                )
+    return (
+        f"logits unchanged when every position shifts by {', '.join(map(str, shifts))} and when "
+        f"the tokens move {' or '.join(map(str, moves))} places later in the window"
+    )
+
+
+def moved_logits(
+    scheme: PositionScheme, setup: Setup, q: Tensor, k: Tensor, move: int, layer: int
+) -> tuple[Tensor, Tensor]:
+    """Logits of the first ``s - move`` of ``q`` and ``k`` (the first ``s - move`` rows and
+    columns), and of the same queries and keys moved ``move`` places later in a window of the
+    same length, at consecutive positions from 0."""
+    s = q.shape[-2]
+    front_q, front_k = qk(setup, move, move, seed=1)
+    later_q = torch.cat([front_q, q[..., : s - move, :]], -2)
+    later_k = torch.cat([front_k, k[..., : s - move, :]], -2)
+    pos = torch.arange(s)
+    first = attention_logits(scheme, q, k, pos, pos, layer)[..., : s - move, : s - move]
+    later = attention_logits(scheme, later_q, later_k, pos, pos, layer)[..., move:, move:]
+    return first, later
+
+
+def check_logit_hooks(setup: Setup) -> str:
+    scheme, s, pos = scheme_under_test(setup)
+    cls, d = type(scheme), setup.dims
+    scaled = cls.logit_scale is not PositionScheme.logit_scale
+    if not (scaled or scheme.has_logits_hook or scheme.scales_bias):
+        raise Skipped("no logit_scale, modify_logits or attention_weights")
+    done = []
+    if scaled:
+        for layer in range(d.num_layers):
+            scale = scheme.logit_scale(pos, pos, layer)
+            if scale is not None and scale.shape not in ((s,), (d.num_heads, s)):
+                raise Failed(
+                    f"logit_scale gave shape {tuple(scale.shape)} (layer {layer}), expected "
+                    f"[s_q] = ({s},) or [n_h, s_q] = ({d.num_heads}, {s})"
+                )
+            if scale is not None and not torch.isfinite(scale).all():
+                raise Failed(f"logit_scale is not finite (layer {layer})")
+        done.append("logit_scale has shape [s_q] or [n_h, s_q]")
+    if scheme.scales_bias:
+        if not (scaled and scheme.has_score_bias and not scheme.content_bias):
+            raise Failed(
+                "declares scales_bias = True, which needs a logit_scale and a content-free "
+                "score_bias to scale"
+            )
+        done.append("scales_bias has a bias and a scale")
+    if cls.attention_weights is not PositionScheme.attention_weights:
+        allowed = causal_allowed(s, s, torch.device("cpu"))
+        weights = scheme.attention_weights(
+            attention_logits(scheme, *qk(setup, s, s), pos, pos), allowed
+        )
+        if weights.shape != (2, d.num_heads, s, s) or not torch.isfinite(weights).all():
+            raise Failed(f"attention_weights gave {tuple(weights.shape)}, or non-finite weights")
+        if (weights < 0).any() or (weights.sum(-1) > 1 + 1e-5).any():
+            raise Failed("attention_weights gives negative weights or rows summing past 1")
+        if weights[..., ~allowed].abs().max() > 0:
+            raise Failed("attention_weights puts weight on future keys: it must be 0 there")
+        done.append("attention_weights is causal, non-negative and sums to at most 1")
+    if cls.modify_logits is not PositionScheme.modify_logits:
+        done.append("modify_logits is checked by query_chunks, relative and causality")
+    return "; ".join(done)
 
 
 def check_content_bias(setup: Setup) -> str:
@@ -477,7 +566,7 @@ def check_score_mod(setup: Setup) -> str:
         for layer in range(setup.dims.num_layers):
             mod = scheme.score_mod(shifted, shifted, layer)
             as_mod = mod(torch.zeros(()), torch.zeros((), dtype=torch.long), h, q_idx, kv_idx)
-            bias = scheme.score_bias(q, k, shifted, shifted, layer)
+            bias = scheme.logit_bias(q, k, shifted, shifted, layer)
             as_mod, bias = (allowed_entries(x, s, s) for x in (as_mod, bias))
             if max_diff(as_mod, bias) > tolerance(bias, 1e-5):
                 default = type(scheme).score_mod is PositionScheme.score_mod
@@ -526,6 +615,7 @@ CHECKS: dict[str, Callable[[Setup], str]] = {
     "determinism": check_determinism,
     "gradients": check_gradients,
     "relative": check_relative,
+    "logit_hooks": check_logit_hooks,
     "content_bias": check_content_bias,
     "shared_bias": check_shared_bias,
     "score_mod": check_score_mod,

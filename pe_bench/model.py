@@ -29,6 +29,7 @@ from pe_bench.attention import (
     ATTENTION,
     biased_attention,
     causal_attention,
+    explicit_attention,
     flex_attention,
     use_flex,
 )
@@ -107,10 +108,12 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(b, s, self.num_heads, -1).transpose(1, 2) for t in (q, k, v))
         q, k = pe.transform_qk(q, k, pos, pos, self.layer)
         score_mod = pe.score_mod(pos, pos, self.layer) if ctx.flex else None
-        if score_mod is not None:  # the scheme's term inside FlexAttention
+        if pe.has_logits_hook:  # the scheme rewrites logits or weights: written out
+            y = explicit_attention(q, k, v, pos, pe, self.layer)
+        elif score_mod is not None:  # the scheme's term inside FlexAttention
             y = flex_attention(q, k, v, score_mod)
         elif pe.has_score_bias:  # the scheme's term in float masks, by query chunks
-            bias_fn = partial(pe.score_bias, layer=self.layer)
+            bias_fn = partial(pe.logit_bias, layer=self.layer)
             y = biased_attention(q, k, v, pos, bias_fn, ctx.bias_cache)
         else:  # fused causal SDPA
             y = causal_attention(q, k, v)  # [b, n_h, s, h_d]
@@ -171,10 +174,13 @@ class GPT(nn.Module):
         seq_len = idx.shape[1]
         pos = self.pe.positions(seq_len, idx.device)  # [s]
         x = self.pe.embed(self.tok_emb(idx), pos)  # [b, s, d]
-        flex = self.pe.has_score_bias and use_flex(
-            self.cfg.attention, self.cfg.num_heads, seq_len, torch.is_grad_enabled()
+        flex = (
+            self.pe.has_score_bias
+            and not self.pe.has_logits_hook
+            and use_flex(self.cfg.attention, self.cfg.num_heads, seq_len, torch.is_grad_enabled())
         )
-        bias_cache = {} if self.pe.shared_bias else None  # one mask for all layers
+        # one mask for all layers, unless a per-layer scale multiplies it
+        bias_cache = {} if self.pe.shared_bias and not self.pe.scales_bias else None
         ctx = ForwardContext(self.pe, pos, flex, bias_cache)
         for block in self.blocks:
             x = block(x, ctx)

@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from pe_bench.attention import attention_logits, causal_attention, reference_attention
-from pe_bench.positions import ModelDims, build_scheme
+from pe_bench.model import GPT, ModelConfig, seeded_scheme
+from pe_bench.positions import ModelDims, PositionScheme, build_scheme
+from pe_bench.positions.bias import ALiBi
 
-from .helpers import RELATIVE
+from .helpers import RELATIVE, TRAINABLE, VARIANTS
 
 DIMS = ModelDims(d_model=32, num_heads=4, head_dim=8, num_layers=2, train_len=16)
 
@@ -267,3 +269,110 @@ def test_use_flex(mode, seq_len, grad, expected):
     from pe_bench.attention import use_flex
 
     assert use_flex(mode, 4, seq_len, grad) is expected
+
+
+# ---- the hooks of the explicit path: modify_logits, attention_weights, scales_bias ----------
+
+
+class PassThroughLogits(ALiBi):
+    """ALiBi whose modify_logits is the default's: the explicit path, the same numbers."""
+
+    def modify_logits(self, logits, bias, q, k, q_pos, k_pos, layer):
+        return super().modify_logits(logits, bias, q, k, q_pos, k_pos, layer)
+
+
+class SoftmaxWeights(PositionScheme):
+    """NoPE with the default softmax written as an override: the explicit path."""
+
+    def attention_weights(self, logits, allowed):
+        return super().attention_weights(logits, allowed)
+
+
+class HeadScaledALiBi(ALiBi):
+    """ALiBi whose whole logit (q . k and bias) is scaled per layer and head, as SSMax on
+    ALiBi needs."""
+
+    scales_bias = True
+
+    def logit_scale(self, q_pos, k_pos, layer):
+        heads = torch.arange(1, self.dims.num_heads + 1, dtype=torch.float32)
+        return (heads * (layer + 1) / 4).unsqueeze(-1).expand(-1, q_pos.shape[-1])
+
+
+class ScaledAndPassedThrough(HeadScaledALiBi):
+    def modify_logits(self, logits, bias, q, k, q_pos, k_pos, layer):
+        return super().modify_logits(logits, bias, q, k, q_pos, k_pos, layer)
+
+
+def tiny_model(make, seed=0):
+    cfg = ModelConfig(d_model=32, num_layers=2, num_heads=4, mlp_ratio=2)
+    pe = seeded_scheme(make, cfg.dims(16), seed)
+    torch.manual_seed(seed)
+    return GPT(cfg, pe).eval()
+
+
+@pytest.mark.parametrize("name", TRAINABLE + VARIANTS)
+def test_built_in_schemes_keep_their_fused_paths(name):
+    scheme = build_scheme({"name": name}, DIMS)
+    assert not scheme.has_logits_hook and not scheme.scales_bias
+
+
+@pytest.mark.parametrize(
+    ("fused", "explicit"), [(ALiBi, PassThroughLogits), (PositionScheme, SoftmaxWeights)]
+)
+@pytest.mark.parametrize("budget", [None, 4 * 4 * 40 * 7])  # one chunk, or chunks of 7 queries
+def test_explicit_path_equals_the_fused_one(fused, explicit, budget, monkeypatch):
+    from pe_bench import attention
+
+    if budget:
+        monkeypatch.setattr(attention, "MASK_BUDGET", budget)
+    idx = torch.randint(0, 256, (4, 40))
+    calls = []
+    real = attention.explicit_attention
+    monkeypatch.setattr("pe_bench.model.explicit_attention", lambda *a: calls.append(1) or real(*a))
+    with torch.no_grad():
+        expected = tiny_model(fused)(idx)
+        assert not calls
+        got = tiny_model(explicit)(idx)
+    assert len(calls) == 2  # one per layer
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_modify_logits_gets_the_scaled_logits_and_the_bias():
+    seen = {}
+
+    class Recording(ALiBi):
+        def modify_logits(self, logits, bias, q, k, q_pos, k_pos, layer):
+            seen.update(logits=logits, bias=bias, q=q, k=k)
+            return 2 * logits
+
+    scheme = Recording(DIMS)
+    q, k = torch.randn(2, 4, 12, 8), torch.randn(2, 4, 12, 8)
+    pos = torch.arange(12)
+    got = attention_logits(scheme, q, k, pos, pos)
+    assert torch.allclose(seen["logits"], q @ k.transpose(-2, -1) / 8**0.5, atol=1e-5)
+    assert torch.equal(seen["bias"], ALiBi(DIMS).score_bias(q, k, pos, pos, 0))
+    assert torch.equal(seen["q"], q) and torch.equal(got, 2 * seen["logits"])
+
+
+def test_scales_bias_scales_the_whole_logit_per_layer_and_head():
+    scheme = HeadScaledALiBi(DIMS)
+    q, k = torch.randn(2, 4, 12, 8), torch.randn(2, 4, 12, 8)
+    pos = torch.arange(12)
+    plain = attention_logits(ALiBi(DIMS), q, k, pos, pos)
+    for layer in (0, 1):
+        scale = scheme.logit_scale(pos, pos, layer).unsqueeze(-1)  # [n_h, s_q, 1]
+        got = attention_logits(scheme, q, k, pos, pos, layer)
+        assert torch.allclose(got, scale * plain, atol=1e-5)
+    assert scheme.score_mod(pos, pos, 0) is None  # the tabulated bias would miss the scale
+
+
+def test_a_bias_scaled_per_layer_is_not_shared_across_layers():
+    """ALiBi's mask is built once per pass and shared; scaled per layer it must not be: the
+    bias path gives what the explicit path (no sharing) gives."""
+    idx = torch.randint(0, 256, (2, 40))
+    with torch.no_grad():
+        got, expected = tiny_model(HeadScaledALiBi)(idx), tiny_model(ScaledAndPassedThrough)(idx)
+        unscaled = tiny_model(ALiBi)(idx)
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert not torch.allclose(got, unscaled, atol=1e-3)

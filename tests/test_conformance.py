@@ -48,6 +48,10 @@ def test_every_built_in_scheme_conforms(name):
         (broken_pe.LowPrecisionAngles, "devices_dtypes", "bfloat16: logits at positions 1000"),
         (broken_pe.UnusedParameter, "gradients", "parameter 'slope' gets no gradient"),
         (broken_pe.UnseededInit, "determinism", "two builds under the same seed differ"),
+        (broken_pe.IndexScaledRoPE, "relative", "inherits relative = True from RoPE, .* index"),
+        (broken_pe.WrongScaleShape, "logit_hooks", r"logit_scale gave shape \(1, 49\)"),
+        (broken_pe.ScalesNoBias, "logit_hooks", "needs a logit_scale and a content-free"),
+        (broken_pe.FutureWeights, "logit_hooks", "puts weight on future keys"),
     ],
     ids=lambda x: x.__name__ if isinstance(x, type) else None,
 )

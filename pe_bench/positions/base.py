@@ -63,6 +63,18 @@ class PositionScheme(nn.Module):
       content-dependent (``content_bias = True``: Transformer-XL, Shaw, CoPE; shape
       ``[b, n_h, s_q, s_k]``). Entries for future keys are ignored (masked afterwards).
 
+    Two more hooks replace the fused attention with an explicit one (float32, by query
+    chunks), so only the schemes that override them pay for it:
+
+    - ``modify_logits(logits, bias, q, k, q_pos, k_pos, layer)``: gets the scaled pre-mask
+      logits q . k / sqrt(h_d) ``[b, n_h, s_q, s_k]`` (of q and k after ``transform_qk``), the
+      scheme's own bias as the logits would receive it (or None) and q and k themselves, and
+      returns the logits the causal mask and normalisation see (DAPE's MLP over heads; ReRoPE
+      and Self-Extend, which mix logits of two rotations). The default adds the bias;
+    - ``attention_weights(logits, allowed)``: turns those logits and the causal mask
+      ``allowed`` ``[s_q, s_k]`` into attention weights (softmax by default; stick-breaking
+      attention replaces it). Weights on masked keys must be 0.
+
     A scheme whose ``score_bias`` is a fast path also defines ``score_bias_reference`` with
     the same signature: the formula written out, which the conformance kit
     (``pe_bench.conformance``) holds equal to the fast path on every unmasked entry.
@@ -147,6 +159,28 @@ class PositionScheme(nn.Module):
         """True when the scheme adds to the logits, which rules out the plain causal SDPA path."""
         return type(self).score_bias is not PositionScheme.score_bias
 
+    @property
+    def has_logits_hook(self) -> bool:
+        """True when the scheme rewrites the logits or their normalisation, which rules out
+        every fused path: the model then attends through ``attention.explicit_attention``."""
+        cls = type(self)
+        return (
+            cls.modify_logits is not PositionScheme.modify_logits
+            or cls.attention_weights is not PositionScheme.attention_weights
+        )
+
+    def logit_bias(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
+    ) -> Tensor | None:
+        """``score_bias`` as the logits receive it: times ``logit_scale`` where the scheme
+        declares ``scales_bias`` (a content-dependent bias built from the scaled q already
+        carries the scale)."""
+        bias = self.score_bias(q, k, q_pos, k_pos, layer)
+        if bias is None or not self.scales_bias or self.content_bias:
+            return bias
+        scale = self.logit_scale(q_pos, k_pos, layer)
+        return bias if scale is None else bias * scale.to(bias.dtype).unsqueeze(-1)
+
     # ---- hooks the model calls -----------------------------------------------------------
 
     def positions(self, seq_len: int, device: torch.device) -> Tensor:
@@ -185,7 +219,7 @@ class PositionScheme(nn.Module):
         without reading a position back to the host. Other content-free schemes may override
         it (the conformance kit holds it equal to ``score_bias``).
         """
-        if self.content_bias or not self.relative or not self.has_score_bias:
+        if self.content_bias or self.scales_bias or not self.relative or not self.has_score_bias:
             return None
         longest = k_pos.shape[-1] - 1  # the queries are the last keys
         keys = torch.arange(longest + 1, device=q_pos.device)  # distances longest .. 0
@@ -200,6 +234,27 @@ class PositionScheme(nn.Module):
             return score + by_distance[h, distance]
 
         return add_bias
+
+    def modify_logits(
+        self,
+        logits: Tensor,
+        bias: Tensor | None,
+        q: Tensor,
+        k: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        layer: int,
+    ) -> Tensor:
+        """The logits before the causal mask ``[b, n_h, s_q, s_k]``, from the scaled q . k
+        ``logits`` and the scheme's ``bias`` (None: no bias). Overriding it (or
+        ``attention_weights``) moves the scheme to the explicit attention path."""
+        return logits if bias is None else logits + bias
+
+    def attention_weights(self, logits: Tensor, allowed: Tensor) -> Tensor:
+        """Attention weights ``[b, n_h, s_q, s_k]`` from the logits and the causal mask
+        ``allowed`` ``[s_q, s_k]`` (True where the query may attend): the softmax over the
+        allowed keys."""
+        return logits.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
 
     # ---- finer hooks composed by transform_qk --------------------------------------------
 

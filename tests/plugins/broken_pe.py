@@ -133,3 +133,40 @@ class UnseededInit(PositionScheme):
 
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
         return x + self.table[pos].to(x.dtype)
+
+
+@register("broken_index_scale")
+class IndexScaledRoPE(RoPE):
+    """SSMax written on RoPE as the issue's plugin did: logits times ln n with n the number of
+    keys a query sees, read from the query's index in the window. It inherits
+    ``relative = True`` from RoPE, and shifting positions leaves it unchanged."""
+
+    def logit_scale(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        n = torch.arange(k_pos.shape[-1] - q_pos.shape[-1], k_pos.shape[-1]) + 2.0
+        return n.log()
+
+
+@register("broken_scale_shape")
+class WrongScaleShape(PositionScheme):
+    """A scale per key instead of per query."""
+
+    def logit_scale(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        return torch.ones(1, k_pos.shape[-1] + 1)
+
+
+@register("broken_scales_nothing")
+class ScalesNoBias(PositionScheme):
+    """Declares ``scales_bias`` without a bias to scale."""
+
+    scales_bias = True
+
+    def logit_scale(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        return torch.full(q_pos.shape, 2.0)
+
+
+@register("broken_weights")
+class FutureWeights(PositionScheme):
+    """Normalises over every key, future ones included."""
+
+    def attention_weights(self, logits: Tensor, allowed: Tensor) -> Tensor:
+        return logits.softmax(dim=-1)

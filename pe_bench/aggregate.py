@@ -69,9 +69,12 @@ def with_finetune(names: pd.Series, finetune: pd.Series) -> pd.Series:
 
 
 def label(df: pd.DataFrame) -> pd.Series:
-    """Display name of each record: the scheme, with ``+variant`` for eval-time variants and
-    ``:finetune`` for a fine-tuned model (e.g. ``rope:pi``)."""
-    lab = df["scheme"].where(df["variant"] == "none", df["scheme"] + "+" + df["variant"])
+    """Display name of each record: the scheme with its non-default options in brackets
+    (``p_rope(p=0.25)``, from the record's ``pe_options``), ``+variant`` for eval-time variants
+    and ``:finetune`` for a fine-tuned model (e.g. ``rope:pi``)."""
+    options = df["pe_options"].fillna("") if "pe_options" in df else pd.Series("", index=df.index)
+    scheme = df["scheme"].where(options == "", df["scheme"] + "(" + options + ")")
+    lab = scheme.where(df["variant"] == "none", scheme + "+" + df["variant"])
     return with_finetune(lab, finetunes(df))
 
 

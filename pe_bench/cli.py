@@ -66,6 +66,7 @@ from pe_bench.evaluate import (
 )
 from pe_bench.model import GPT
 from pe_bench.plan import Finetune, Plan, RunConfig, check_top_keys, plan
+from pe_bench.positions import options_label
 from pe_bench.results import atomic_write_text, git_sha, make_record, provenance
 from pe_bench.store import RunStore, job_lock
 from pe_bench.sweep import FAILED
@@ -354,6 +355,7 @@ def _tracker(job: Plan, world: World, out_dir: Path) -> tracking.Tracker:
         job.cfg.logger if world.main else None,
         name=out_dir.name,
         group=job.cfg.name,
+        **({"pe_options": options} if (options := options_label(job.cfg.pe)) else {}),
         job_type="train",
         folder=out_dir,
         config={**job.cfg.resolved, "run_id": job.run_id},

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -136,7 +137,21 @@ def write_report(root: Path, config: DictConfig) -> bool:
         )
     except UserError as err:
         log.error("no report: %s", err)
+        remove_stale_report(root)
         return False
     tracker.log_report(report)
     tracker.finish()
     return True
+
+
+def remove_stale_report(root: Path) -> None:
+    """Remove report.md, tables/ and figures/ left by an earlier report of ``root``: after
+    records were added that cannot share a report, they describe other records."""
+    stale = [p for p in (root / "report.md", root / "tables", root / "figures") if p.exists()]
+    for path in stale:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    if stale:
+        log.error("removed the earlier report of %s: it no longer matches its records", root)

@@ -10,6 +10,7 @@ import pytest
 
 from pe_bench import aggregate
 from pe_bench.errors import UserError
+from pe_bench.positions import options_label
 
 from .helpers import diverged, prepared, record, three_seeds
 
@@ -247,3 +248,28 @@ def test_differences_are_paired_by_seed():
     df = prepared([*seeded("rope", [1.5, 9.0]), *seeded("alibi", [1.0])])
     (pair,) = aggregate.paired_differences(df, "nll").itertuples()
     assert pair.n == 1 and pair.mean_diff == pytest.approx(0.5)
+
+
+def test_labels_carry_non_default_options():
+    """Two runs of one scheme with other options are two rows, named by what differs
+    (issue 17: p_rope at p=0.75 and 0.25 could not share a report)."""
+    rows = [
+        record("rope", 0, 16, 1.0),
+        record("rope", 0, 16, 1.1, run_id="rope-base", pe_options="base=500"),
+        record("rope", 0, 16, 1.2, run_id="rope-base-pi", pe_options="base=500", variant="pi"),
+    ]
+    df = prepared(rows)
+    assert list(df["label"]) == ["rope", "rope(base=500)", "rope(base=500)+pi"]
+
+
+@pytest.mark.parametrize(
+    ("cfg", "expected"),
+    [
+        ({"name": "rope", "base": 10000}, ""),  # the default, written as an int
+        ({"name": "rope", "base": 500000.0}, "base=500000"),
+        ({"name": "kerple_log"}, ""),
+        ({"name": "learned", "max_positions": 512, "plugin": None}, "max_positions=512"),
+    ],
+)
+def test_options_label(cfg, expected):
+    assert options_label(cfg) == expected

@@ -321,3 +321,13 @@ def test_records_carry_the_schemes_caveat(tmp_path, tiny_config, scheme, caveat)
 def test_records_of_a_scheme_run_as_its_paper_did_carry_no_caveat(tmp_path, tiny_config):
     rows = cli.run(tiny_config("pe=alibi"), tmp_path)
     assert all("caveat" not in r for r in rows)
+
+
+@pytest.mark.slow
+def test_a_sweep_over_a_scheme_option_reports_one_row_per_value(tmp_path):
+    """pe.base=10000,500 in one sweep: two rows, rope and rope(base=500), in one report (runs
+    that differed only in an option could not share one)."""
+    proc = pe_bench("-m", "pe=rope", "pe.base=10000,500", "name=bases", *TINY, out=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ppl = pd.read_csv(tmp_path / "bases" / "tables" / "ppl.csv")
+    assert sorted(ppl["label"]) == ["rope", "rope(base=500)"]

@@ -92,6 +92,17 @@ def test_a_run_or_sweep_whose_report_fails_exits_1(tmp_path, caplog, end):
     assert not (tmp_path / "report.md").exists()
 
 
+def test_a_report_that_fails_removes_the_earlier_one(tmp_path, caplog):
+    """Records added to a reported folder that cannot share its report: the old report.md,
+    tables and figures describe other records, so they go (they used to stay in place)."""
+    write_runs(tmp_path, three_seeds())
+    assert write_report(tmp_path, compose())
+    mixed_protocols(tmp_path)
+    assert not write_report(tmp_path, compose())
+    assert not any((tmp_path / name).exists() for name in ("report.md", "tables", "figures"))
+    assert "removed the earlier report" in caplog.text
+
+
 @pytest.mark.parametrize("end", ["on_multirun_end", "on_run_end"])
 def test_a_run_or_sweep_whose_report_is_written_returns(tmp_path, end):
     write_runs(tmp_path, three_seeds())

@@ -42,6 +42,7 @@ __all__ = [
     "entry_points",
     "load_plugin",
     "register",
+    "options_label",
     "registered",
     "scheme_class",
 ]
@@ -157,6 +158,29 @@ def checked_options(cls: type[PositionScheme], options: Mapping[str, Any], prefi
 
 
 def build_scheme(cfg: Mapping[str, Any], dims: ModelDims, prefix: str = "pe.") -> PositionScheme:
+def options_label(cfg: Mapping[str, Any]) -> str:
+    """The options of a ``pe`` config that differ from its scheme's defaults, as ``key=value``
+    joined by commas in the constructor's order (``p=0.25``; '' when all are defaults): what
+    sets two runs of one scheme apart in a report's labels (``p_rope(p=0.25)``), stable across
+    runs and readable."""
+    cls = scheme_class(cfg["name"])
+    params = list(inspect.signature(cls.__init__).parameters.values())[2:]  # skip self, dims
+    parts = []
+    for param in params:
+        if param.name in cfg and cfg[param.name] != param.default:
+            parts.append(f"{param.name}={_short(cfg[param.name])}")
+    return ",".join(parts)
+
+
+def _short(value: Any) -> str:
+    """An option's value as a label shows it: floats in their shortest form, lists bracketed."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_short(v) for v in value) + "]"
+    return str(value)
+
+
     """Build the scheme a ``pe`` config names, with its options, for a model of ``dims``;
     ``prefix`` is where the config sits, for the messages (``pe.``, ``eval.variants.pi.``)."""
     if not isinstance(cfg, Mapping):

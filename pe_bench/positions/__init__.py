@@ -41,8 +41,8 @@ __all__ = [
     "checked_options",
     "entry_points",
     "load_plugin",
-    "register",
     "options_label",
+    "register",
     "registered",
     "scheme_class",
 ]
@@ -157,7 +157,6 @@ def checked_options(cls: type[PositionScheme], options: Mapping[str, Any], prefi
     }
 
 
-def build_scheme(cfg: Mapping[str, Any], dims: ModelDims, prefix: str = "pe.") -> PositionScheme:
 def options_label(cfg: Mapping[str, Any]) -> str:
     """The options of a ``pe`` config that differ from its scheme's defaults, as ``key=value``
     joined by commas in the constructor's order (``p=0.25``; '' when all are defaults): what
@@ -181,6 +180,7 @@ def _short(value: Any) -> str:
     return str(value)
 
 
+def build_scheme(cfg: Mapping[str, Any], dims: ModelDims, prefix: str = "pe.") -> PositionScheme:
     """Build the scheme a ``pe`` config names, with its options, for a model of ``dims``;
     ``prefix`` is where the config sits, for the messages (``pe.``, ``eval.variants.pi.``)."""
     if not isinstance(cfg, Mapping):

@@ -71,6 +71,7 @@ from pe_bench.results import atomic_write_text, git_sha, make_record, provenance
 from pe_bench.store import RunStore, job_lock
 from pe_bench.sweep import FAILED
 from pe_bench.tasks import TaskData
+from pe_bench.tokenizer import BYTE, ByteTokenizer, Tokenizer
 from pe_bench.train import Diverged, TrainResult, finetune, fit
 
 log = logging.getLogger("pe_bench")
@@ -113,10 +114,10 @@ def _run(ctx: RunContext) -> list[dict[str, Any]]:
         )
         return ctx.store.records
     ctx.store.write_config(job.cfg.yaml)
-    model = job.build_model()
+    model = job.build_model(ctx.tokenizer.vocab_size)
     _log_start(job, model, ctx.corpus, sum(map(len, todo.values())))
     tracker = _tracker(job, ctx.world, out_dir)
-    fields = _run_fields(job, model, ctx.corpus, ctx.device)
+    fields = _run_fields(job, model, ctx.corpus, ctx.device) | _tokenizer_fields(ctx.tokenizer)
     try:
         trained = fit(
             model,
@@ -154,26 +155,45 @@ class RunContext:
     store: RunStore
     world: World
     device: torch.device
+    target_bytes: int = 0  # the UTF-8 bytes of the eval targets (``stream[1:]``)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return _tokenizer(self.corpus)
+
+    @property
+    def bytes_per_token(self) -> float:
+        """Of the eval targets, exactly: bits per byte = NLL / ln 2 / this is the scored
+        targets' summed NLL over their own bytes (1.0 for bytes)."""
+        return self.target_bytes / (len(self.stream) - 1) if self.stream is not None else 1.0
 
     def fit_args(self, run_id: str, finetune: str | None = None) -> dict[str, Any]:
         """``fit``'s checkpointing and process arguments for a run id (or a fine-tune's)."""
+        tokens = "" if self.tokenizer.name == BYTE else f"-{self.tokenizer.fingerprint}"
         return {
             "checkpoint": self.store.checkpoint(finetune),
-            "fingerprint": f"{run_id}-{self.corpus.sha}-{self.job.pe_source}",
+            "fingerprint": f"{run_id}-{self.corpus.sha}-{self.job.pe_source}{tokens}",
             "world": self.world,
             "resume": not self.job.cfg.force,
         }
+
+
+def _tokenizer(corpus: Corpus | TaskData) -> Tokenizer:
+    """The corpus's tokenizer (bytes for a synthetic task)."""
+    return corpus.tokenizer if isinstance(corpus, Corpus) else ByteTokenizer()
 
 
 def _context(job: Plan, out_dir: Path, world: World, device: torch.device) -> RunContext:
     """Load the data and open the job folder."""
     corpus = load_corpus(job.cfg.data)
     batch_tokens = job.cfg.eval.batch_tokens
+    target_bytes = 0
     if isinstance(corpus, TaskData):
         stream, scorer = None, task_scorer(corpus, job.n_targets, batch_tokens, device)
     else:
         stream = eval_stream(corpus, job.n_targets)
         scorer = lm_scorer(stream, batch_tokens, device)
+        target_bytes = corpus.tokenizer.count_bytes(stream[1:].numpy())
     variants = {task.variant: task.variant_hash for task in job.tasks}
     store = RunStore(
         out_dir,
@@ -184,8 +204,9 @@ def _context(job: Plan, out_dir: Path, world: World, device: torch.device) -> Ru
         variants=variants,
         probes=probes.probe_hashes(job.cfg.eval),
         pe_source=job.pe_source,
+        tokenizer_sha=_tokenizer(corpus).fingerprint,
     )
-    return RunContext(job, corpus, stream, scorer, store, world, device)
+    return RunContext(job, corpus, stream, scorer, store, world, device, target_bytes)
 
 
 def _evaluate(
@@ -208,8 +229,8 @@ def _evaluate(
         if len(scored.draw_nll) > 1:  # random evaluation positions: the spread of the draws
             spread = statistics.stdev(scored.draw_nll)
             cost |= {"position_draws": len(scored.draw_nll), "draw_nll_sd": spread}
-        nll, bytes_per_token = scored.result.nll, ctx.corpus.bytes_per_token
-        record = make_record(fields, key, "ok", nll, bytes_per_token, **cost)
+        cost["target_bytes"] = ctx.target_bytes
+        record = make_record(fields, key, "ok", scored.result.nll, ctx.bytes_per_token, **cost)
         ctx.store.add(record, scored.result.position_loss())
         log.info("%s L=%d %s: bpb %.4f", scored.label, key["eval_len"], key["mode"], record["bpb"])
     if probing:
@@ -336,6 +357,15 @@ def _run_fields(
         "pe_source": job.pe_source,
         **provenance(device),
         **({"caveat": model.pe.caveat} if model.pe.caveat else {}),
+    }
+
+
+def _tokenizer_fields(tokenizer: Tokenizer) -> dict[str, Any]:
+    """Which tokens the records count (records without these fields were made with bytes)."""
+    return {
+        "tokenizer": tokenizer.name,
+        "tokenizer_vocab": tokenizer.vocab_size,
+        "tokenizer_sha": tokenizer.fingerprint,
     }
 
 

@@ -10,7 +10,10 @@ Three text sources, one ``Corpus`` out, and synthetic tasks (``task``, a ``TaskD
 - ``hf``: a Hugging Face dataset by name (needs a network, or a local dataset such as
   ``name: text`` with ``data_files``).
 
-Tokens are bytes (vocabulary 256), so bits per byte = nats per token / ln 2.
+Tokens are bytes (vocabulary 256) by default; ``data.tokenizer`` picks another
+(``pe_bench.tokenizer``: a BPE trained on the train split, or a pretrained one), and the
+corpus's splits are then that tokenizer's ids. ``Corpus.sha`` identifies the text either way;
+``Corpus.tokenizer`` says how it was cut into tokens.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import logging
 import os
 import sysconfig
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
@@ -32,6 +35,7 @@ from torch import Tensor
 from pe_bench.config import Range, from_node
 from pe_bench.errors import UserError
 from pe_bench.tasks import TaskData, build_task, load_task
+from pe_bench.tokenizer import BPE, BYTE, ByteTokenizer, Tokenizer, build_tokenizer, check_spec
 
 log = logging.getLogger(__name__)
 
@@ -66,18 +70,23 @@ class DataConfig:
     alphabet: Annotated[int, Range(ge=2, le=240)] = 64  # task: symbols of copy and reverse
     ignore_prob: Annotated[float, Range(ge=0, lt=1)] = 0.8  # task: flip-flop's p_i
     eval_instances: Annotated[int, Range(ge=1)] = 128  # task: instances scored per length
+    tokenizer: str = BYTE  # byte, bpe or hf:<name or folder> (pe_bench.tokenizer)
+    vocab_size: Annotated[int, Range(ge=1)] | None = None  # bpe: symbols to train
 
 
 @dataclass(frozen=True)
 class Corpus:
     name: str
     sha: str  # sha256 of the three split byte streams: identifies the data in records
-    splits: Mapping[str, Tensor]  # uint8 token stream per split
-    bytes_per_token: float = 1.0
+    splits: Mapping[str, Tensor]  # token stream per split (uint8 for bytes)
+    tokenizer: Tokenizer = field(default_factory=ByteTokenizer)
 
     def describe(self) -> str:
         sizes = ", ".join(f"{k} {len(v):,}" for k, v in self.splits.items())
-        return f"corpus {self.name} ({sizes} tokens, sha {self.sha[:12]})"
+        described = f"corpus {self.name} ({sizes} tokens, sha {self.sha[:12]})"
+        if self.tokenizer.name != BYTE:
+            described += f", {self.tokenizer.describe()}"
+        return described
 
     def train_batch(
         self, batch_size: int, seq_len: int, generator: torch.Generator
@@ -104,6 +113,18 @@ def load_corpus(cfg: Mapping[str, Any]) -> Corpus | TaskData:
     return _load_cached(json.dumps(dict(cfg), sort_keys=True, default=str))
 
 
+def identity_keys(cfg: Mapping[str, Any]) -> list[str]:
+    """The keys of a ``data`` config that say which tokens a model trains on (its run id's
+    share): with the byte tokenizer neither ``tokenizer`` nor ``vocab_size`` (so byte runs keep
+    the ids they had before tokenizers were a setting), with ``hf:`` no ``vocab_size`` (the
+    tokenizer has its own)."""
+    spec = cfg.get("tokenizer", BYTE)
+    unused = (
+        {"tokenizer", "vocab_size"} if spec == BYTE else set() if spec == BPE else {"vocab_size"}
+    )
+    return [str(key) for key in cfg if key not in unused]
+
+
 def check_config(cfg: Mapping[str, Any]) -> None:
     """Refuse a ``data`` config that cannot load, without reading any data (so a sweep stops
     before training, and configs of remote datasets can be checked offline)."""
@@ -118,7 +139,13 @@ def check_config(cfg: Mapping[str, Any]) -> None:
     if source == "hf" and cfg.get("name") in (None, "", missing):
         raise UserError("data=hf needs data.name=<dataset>, e.g. Salesforce/wikitext")
     data = from_node(DataConfig, cfg, "data")
+    check_spec(data.tokenizer, data.vocab_size)
     if source == "task":
+        if data.tokenizer != BYTE:
+            raise UserError(
+                f"data.tokenizer={data.tokenizer!r}: a synthetic task has its own symbols; "
+                f"allowed with data=task: {BYTE}"
+            )
         build_task(cfg)  # an unknown task name is refused here
     if source == "text" and not Path(str(data.path)).expanduser().exists():
         raise UserError(f"data.path={data.path!r} does not exist")
@@ -160,8 +187,14 @@ def _load_cached(cfg_json: str) -> Corpus:
     for split in SPLITS:
         digest.update(f"{split}:{len(splits[split])}:".encode())
         digest.update(splits[split])
-    tensors = {k: torch.frombuffer(bytearray(v), dtype=torch.uint8) for k, v in splits.items()}
-    corpus = Corpus(name=name, sha=digest.hexdigest(), splits=tensors)
+    spec = cfg.get("tokenizer") or BYTE
+    if spec == BYTE:
+        tokenizer: Tokenizer = ByteTokenizer()
+        tensors = {k: torch.frombuffer(bytearray(v), dtype=torch.uint8) for k, v in splits.items()}
+    else:  # trained on the train split only: no merge is learnt from valid or test text
+        tokenizer = build_tokenizer(spec, splits["train"], cfg.get("vocab_size"))
+        tensors = {k: torch.from_numpy(tokenizer.encode(v)) for k, v in splits.items()}
+    corpus = Corpus(name=name, sha=digest.hexdigest(), splits=tensors, tokenizer=tokenizer)
     log.info("loaded %s", corpus.describe())
     return corpus
 

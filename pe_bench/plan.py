@@ -9,6 +9,7 @@ each fine-tune's. The model itself is built only when the run needs it (``Plan.b
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import logging
 import os
@@ -20,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from pe_bench import tracking
 from pe_bench.config import config_hash, from_node, to_dict
-from pe_bench.data import VOCAB_SIZE, check_config
+from pe_bench.data import VOCAB_SIZE, check_config, identity_keys
 from pe_bench.errors import UserError
 from pe_bench.evaluate import TASK_MODE, EvalConfig, EvalTask, eval_tasks
 from pe_bench.model import GPT, ModelConfig, build_model, check_attention
@@ -83,8 +84,10 @@ class RunConfig:
         # is computed is left out (the numbers are the same either way). Each part enters the
         # hash as its config node's str() (its keys in config order, interpolations as
         # written), as every run id so far was made: a change here renames every stored run.
+        # The data's tokenizer keys enter only when they are not the byte tokenizer's.
         arch = OmegaConf.masked_copy(cfg.model, [k for k in cfg.model if k != "attention"])
-        parts = {"model": arch, "pe": cfg.pe, "data": cfg.data, "train": cfg.train}
+        data = OmegaConf.masked_copy(cfg.data, identity_keys(cfg.data))
+        parts = {"model": arch, "pe": cfg.pe, "data": data, "train": cfg.train}
         return cls(
             model=from_node(ModelConfig, resolved.get("model"), "model"),
             train=from_node(TrainConfig, resolved.get("train"), "train"),
@@ -169,10 +172,27 @@ class Plan:
         """(run id, its evaluation tasks): the trained model's, then each fine-tune's."""
         return [(self.run_id, self.tasks), *((ft.run_id, ft.tasks) for ft in self.finetunes)]
 
-    def build_model(self) -> GPT:
-        """The model to train: seeded, the same trunk for every scheme (``build_model``)."""
+    def build_model(self, vocab_size: int = VOCAB_SIZE) -> GPT:
+        """The model to train: seeded, the same trunk for every scheme (``build_model``), with
+        the vocabulary of the corpus's tokenizer (``model_vocab``)."""
         cfg = self.cfg
-        return build_model(cfg.model, cfg.pe, cfg.train.seq_len, cfg.train.seed)
+        model_cfg = dataclasses.replace(cfg.model, vocab_size=model_vocab(cfg.model, vocab_size))
+        return build_model(model_cfg, cfg.pe, cfg.train.seq_len, cfg.train.seed)
+
+
+def model_vocab(model: ModelConfig, tokenizer_vocab: int) -> int:
+    """The model's vocabulary for a tokenizer of ``tokenizer_vocab`` ids: the tokenizer's when
+    ``model.vocab_size`` is the byte vocabulary every model config has (it follows the
+    tokenizer), ``model.vocab_size`` when larger; a smaller one is refused."""
+    if model.vocab_size == VOCAB_SIZE:
+        return tokenizer_vocab
+    if model.vocab_size < tokenizer_vocab:
+        raise UserError(
+            f"model.vocab_size={model.vocab_size} is smaller than the tokenizer's "
+            f"{tokenizer_vocab:,} ids; allowed: >= {tokenizer_vocab}, or {VOCAB_SIZE} (the "
+            "default) to follow the tokenizer"
+        )
+    return model.vocab_size
 
 
 def plan(cfg: DictConfig | RunConfig) -> Plan:
@@ -221,7 +241,8 @@ def _check_inputs(cfg: RunConfig) -> torch.device:
     """Check what the typed configs cannot check alone (data, vocabulary, device, memory,
     logger); returns the device the run trains on."""
     check_config(cfg.data)
-    if cfg.model.vocab_size < VOCAB_SIZE:
+    byte = cfg.data.get("tokenizer", "byte") == "byte"  # others: checked once loaded
+    if byte and cfg.model.vocab_size < VOCAB_SIZE:
         raise UserError(
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the corpus's "
             f"{VOCAB_SIZE} byte symbols; allowed: >= {VOCAB_SIZE}"

@@ -36,8 +36,11 @@ from pe_bench.results import (
     record_key,
     write_jsonl,
 )
+from pe_bench.tokenizer import ByteTokenizer
 
 log = logging.getLogger(__name__)
+
+BYTES = ByteTokenizer.fingerprint  # the tokenizer of records that name none
 
 CHECKPOINT = "checkpoint.pt"  # the trained model's; a fine-tune's is checkpoint-<key>.pt
 LOCK = ".lock"  # held (flock) by the run that owns the folder; reports read records only
@@ -82,7 +85,9 @@ class RunStore:
     scheme's code: records made with other code are stale (those written before records
     carried it are kept). ``probes`` maps each context-use probe of the
     plan to the hash of its settings (``probes.probe_hashes``): its records of another hash are
-    superseded the same way. ``fresh`` ignores what is there
+    superseded the same way. ``tokenizer_sha`` is the fingerprint of the corpus's tokenizer:
+    records of another are stale (records without one were made with bytes). ``fresh``
+    ignores what is there
     (``force=true``); only the ``writer`` (rank 0 under torchrun) deletes or writes files, so
     every rank decides from the files as they were.
     """
@@ -97,6 +102,7 @@ class RunStore:
         variants: dict[str, str] | None = None,
         probes: dict[str, str] | None = None,
         pe_source: str | None = None,
+        tokenizer_sha: str = BYTES,
     ) -> None:
         self.folder, self.run_ids, self.corpus_sha = folder, run_ids, corpus_sha
         self.writer = writer
@@ -115,6 +121,7 @@ class RunStore:
             and variants.get(r.get("variant"), r.get("variant_hash")) == r.get("variant_hash")
             and probes.get(r.get("mode"), r.get("probe_hash")) == r.get("probe_hash")
             and r.get("pe_source", pe_source) == pe_source  # (records before it: kept)
+            and r.get("tokenizer_sha", BYTES) == tokenizer_sha
         ]
         self._done = {record_key(r) for r in self.records}
         self.positions = [r for r in self._rows(POSITIONS, fresh) if record_key(r) in self._done]

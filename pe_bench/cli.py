@@ -355,6 +355,7 @@ def _run_fields(
         "corpus_sha": corpus.sha,
         "config_hash": job.run_hash,
         "pe_source": job.pe_source,
+        **({"pe_options": options} if (options := options_label(job.cfg.pe)) else {}),
         **provenance(device),
         **({"caveat": model.pe.caveat} if model.pe.caveat else {}),
     }
@@ -385,7 +386,6 @@ def _tracker(job: Plan, world: World, out_dir: Path) -> tracking.Tracker:
         job.cfg.logger if world.main else None,
         name=out_dir.name,
         group=job.cfg.name,
-        **({"pe_options": options} if (options := options_label(job.cfg.pe)) else {}),
         job_type="train",
         folder=out_dir,
         config={**job.cfg.resolved, "run_id": job.run_id},

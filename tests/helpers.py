@@ -34,8 +34,12 @@ TRAINABLE = [
     "cope",
     "randomized_rope",
     "randomized_learned",
+    "p_rope",
+    "hope",
+    "resonance_rope",
+    "rope_nope_hybrid",
 ]
-VARIANTS = ["pi", "ntk", "dynamic_ntk", "yarn", "logn"]
+VARIANTS = ["pi", "ntk", "dynamic_ntk", "yarn", "logn", "ntk_by_parts", "llama3", "longrope"]
 RELATIVE = [
     "t5",
     "xl",
@@ -49,6 +53,13 @@ RELATIVE = [
     "sandwich",
     "xpos",
     "yarn",
+    "p_rope",
+    "hope",
+    "resonance_rope",
+    "rope_nope_hybrid",
+    "ntk_by_parts",
+    "llama3",
+    "longrope",
 ]
 NOT_RELATIVE = [
     "nope",

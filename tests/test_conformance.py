@@ -158,7 +158,7 @@ def test_a_crash_names_where_it_was_raised_and_verbose_prints_the_traceback(caps
 
 def test_an_unknown_scheme_without_plugin_hints_at_plugin(capsys):
     with pytest.raises(SystemExit) as exit_:
-        main(["p_rope"])
+        main(["no_such_rope"])
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "unknown scheme 'p_rope'" in err
-    assert "pe-bench-check p_rope --plugin <module>" in err
+    assert exit_.value.code == 2 and "unknown scheme 'no_such_rope'" in err
+    assert "pe-bench-check no_such_rope --plugin <module>" in err

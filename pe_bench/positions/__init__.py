@@ -30,6 +30,7 @@ from pe_bench.positions import (  # noqa: F401  (importing registers the built-i
     randomized,
     relative,
     rotary,
+    rotary_zoo,
 )
 from pe_bench.positions.base import ModelDims, PositionScheme, register, registered
 

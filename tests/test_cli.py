@@ -330,4 +330,6 @@ def test_a_sweep_over_a_scheme_option_reports_one_row_per_value(tmp_path):
     proc = pe_bench("-m", "pe=rope", "pe.base=10000,500", "name=bases", *TINY, out=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     ppl = pd.read_csv(tmp_path / "bases" / "tables" / "ppl.csv")
-    assert sorted(ppl["label"]) == ["rope", "rope(base=500)"]
+    trained = {label.split("+")[0] for label in ppl["label"]}
+    assert trained == {"rope", "rope(base=500)"}
+    assert "rope(base=500)+pi" in set(ppl["label"])  # its variants keep the options

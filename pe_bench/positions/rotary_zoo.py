@@ -242,9 +242,10 @@ class LongRoPE(ScaledRoPE):
     ``_compute_longrope_parameters`` in ``modeling_rope_utils.py``, as Phi-3 uses it).
 
     theta'_k = theta_k / lambda_k with a static factor per pair: ``short_factor`` for a context
-    of at most L_train keys, ``long_factor`` past it (HF switches on its context length the
-    same way), and the logits multiplied by a^2 = 1 + ln s / ln L_train, where HF multiplies
-    cos and sin by the attention factor a = sqrt(1 + ln s / ln L_train) (a = 1 for s <= 1).
+    of at most L_train keys, ``long_factor`` past it (HF switches on the largest position + 1:
+    the same in windowed evaluation, where a window of L keys spans positions 0..L-1), and the
+    logits multiplied by a^2 = 1 + ln s / ln L_train, where HF multiplies cos and sin by the
+    attention factor a = sqrt(1 + ln s / ln L_train) (a = 1 for s <= 1).
 
     LongRoPE finds its factors by an evolutionary search on the extended model, which is not
     run here. Defaults: short factors 1 (the trained rope below L_train, as Phi-3's are close

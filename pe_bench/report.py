@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import math
 import os
 import shlex
 import sys
@@ -37,7 +38,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import OmegaConf
 
-from pe_bench import aggregate, compare, plots, probe_report
+from pe_bench import aggregate, compare, passkey, plots, probe_report
 from pe_bench.aggregate import METRICS, TASK_METRICS
 from pe_bench.errors import UserError
 from pe_bench.evaluate import MODES, PROBES, TASK_MODE
@@ -53,6 +54,7 @@ from pe_bench.results import (
     sweep_command,
 )
 from pe_bench.sweep import searchpath
+from pe_bench.tokenizer import BYTE
 
 FORMATS = {"ppl": "{:.2f}", "bpb": "{:.3f}", "nll": "{:.3f}", "exact_match": "{:.2f}"}
 FORMATS["token_acc"] = FORMATS["exact_match"]
@@ -90,7 +92,7 @@ def record_problem(record: dict) -> str:
         return f"status {status!r} is not one of {', '.join(STATUSES)}"
     task = record.get("mode") == TASK_MODE
     needed = {**REQUIRED, **(TASK_FIELDS if task else {})}
-    if status == "ok" and record.get("mode") not in PROBES:
+    if status == "ok" and record.get("mode") not in (*PROBES, passkey.MODE):
         needed |= TASK_NUMBERS if task else NUMBERS
     for name, types in needed.items():
         value = record.get(name)
@@ -145,6 +147,8 @@ class Report:
     comparison: compare.Comparison | None = None
     skipped: pd.DataFrame = field(default_factory=pd.DataFrame)  # skipped_evaluations rows
     context: probe_report.ContextUse | None = None  # the context-use probes' section
+    passkey: list[str] = field(default_factory=list)  # the passkey section's markdown lines
+    tokenizers: str = ""  # what the report says when the records mix tokenizers
 
 
 def load_rows(root: Path, name: str) -> pd.DataFrame:
@@ -173,16 +177,20 @@ def build_report(
         check_one_kind(root, checked)
         return build_task_report(root, out, checked, options, echo)
     published = compare.load_published(options.compare) if options.compare else None
-    perplexity = checked[~checked["mode"].isin(PROBES)]  # probe records: their own section
+    # probe and passkey records: their own sections
+    perplexity = checked[~checked["mode"].isin([*PROBES, passkey.MODE])]
     df = aggregate.prepare(perplexity, options.mode, options.schemes)
     options = options.resolve(df)
     report = Report(out / "report.md", options, skipped=aggregate.skipped_evaluations(df))
     report.context = probe_report.context_use(checked, df)
-    stats = {metric: aggregate.seed_stats(df, metric) for metric in METRICS}
+    report.tokenizers = mixed_tokenizers(df, options)
+    metrics = ["bpb"] if report.tokenizers else METRICS
+    stats = {metric: aggregate.seed_stats(df, metric) for metric in metrics}
     if published is not None:
         report.comparison = compare.compare(stats["ppl"], training_length(df), published)
     ratio = aggregate.ratio_table(stats[options.metric], options.baseline)
-    report.tables = {**stats, "ratio": ratio, "score": aggregate.extrapolation_scores(df)}
+    per_byte = df.assign(nll=df["bpb"] * math.log(2)) if report.tokenizers else df
+    report.tables = {**stats, "ratio": ratio, "score": aggregate.extrapolation_scores(per_byte)}
     report.tables |= pairwise_tables(df, stats, options.metric)
     diverged = aggregate.diverged_runs(df)
     note = diverged_note(diverged)
@@ -190,10 +198,45 @@ def build_report(
         write_tables(out / "tables", report)
         report.figures = draw_figures(out / "figures", root, df, report.tables, options, note)
         probe_report.write(report.context, out, plots.styles(aggregate.label_order(df)))
+        report.passkey = passkey.section(checked, out)
         atomic_write_text(report.path, markdown_report(root, out, df, report, diverged))
     if echo:
         print_summary(report, df, note)
     return report
+
+
+def tokenizer_names(df: pd.DataFrame) -> pd.Series:
+    """Each record's tokenizer as report text, e.g. ``bpe (4,096 ids, sha 1a2b3c4d)``; records
+    that name none were made with bytes."""
+    if "tokenizer" not in df:
+        return pd.Series(BYTE, index=df.index)
+    vocab = df["tokenizer_vocab"].map(lambda v: "" if pd.isna(v) else f" ({int(v):,} ids, sha ")
+    sha = df["tokenizer_sha"].map(lambda v: "" if pd.isna(v) else f"{v[:8]})")
+    name = df["tokenizer"].fillna(BYTE)
+    return name.where(name == BYTE, name + vocab + sha)
+
+
+def mixed_tokenizers(df: pd.DataFrame, options: Options) -> str:
+    """'' when the records share a tokenizer; else what the report says about mixing them.
+    Perplexity and NLL are per token, so no table of them may hold two tokenizers: mixed
+    records are refused unless the report is of bits per byte (each target's own bytes)."""
+    names = tokenizer_names(df)
+    if names.nunique() < 2:
+        return ""
+    labels = df.groupby(names)["label"].unique()
+    found = "; ".join(f"{tok}: {', '.join(sorted(labs))}" for tok, labs in labels.items())
+    if options.metric != "bpb" or options.compare:
+        raise UserError(
+            f"records mix tokenizers ({found}); perplexity and NLL are per token, so one table "
+            "cannot hold two tokenizers: report each tokenizer's runs separately (their "
+            "folders, or --schemes), or compare bits per byte with --metric bpb"
+        )
+    return (
+        f"The records mix tokenizers ({found}). Bits per byte compares them: each scored "
+        "target counts its own UTF-8 bytes. Perplexity and NLL are per token of each "
+        "tokenizer, so their tables are left out, and the extrapolation score is in nats per "
+        "byte. Lengths are in tokens of each run's tokenizer."
+    )
 
 
 def check_one_kind(root: Path, records: pd.DataFrame) -> None:
@@ -238,7 +281,7 @@ def write_tables(folder: Path, report: Report) -> None:
     """Every table of ``report`` into ``folder`` as CSV, and all but the comparison as markdown."""
     tables, skipped = report.tables, report.skipped
     note = f"\n{SKIPPED_NOTE} in report.md.\n" if len(skipped) else ""
-    for metric in METRICS:
+    for metric in [m for m in METRICS if m in tables]:
         write_csv(folder / f"{metric}.csv", tables[metric])
         text = value_markdown(tables[metric], metric, skipped)
         atomic_write_text(folder / f"{metric}.md", text + "\n" + note)
@@ -296,7 +339,9 @@ def draw_figures(
 def print_summary(report: Report, df: pd.DataFrame, note: str) -> None:
     """The console tables (perplexity, bits per byte), the diverged runs, the comparison's
     sentences and where report.md is."""
-    for metric in CONSOLE_METRICS:
+    if report.tokenizers:
+        print(f"\n{report.tokenizers}")
+    for metric in [m for m in CONSOLE_METRICS if m in report.tables]:
         stats = report.tables[metric]
         print(f"\n{metric} by eval length ({caption(stats, metric, df)}):")
         print(value_markdown(stats, metric, report.skipped))
@@ -534,10 +579,12 @@ def markdown_report(
         "",
         summary_markdown(df, runs, report.options, report.tables[report.options.metric]),
         "",
+        *([report.tokenizers, ""] if report.tokenizers else []),
         *tables_markdown(df, report),
         *(comparison_markdown(report.comparison, df) if report.comparison is not None else []),
         *figures_markdown(report, out),
         *probe_report.markdown(report.context, out),
+        *report.passkey,
         *diverged_markdown(diverged),
         *skipped_markdown(report.skipped),
         "## Runs",
@@ -582,6 +629,9 @@ def tables_markdown(df: pd.DataFrame, report: Report) -> list[str]:
     title = TITLES[opts.metric]
     how = caption(stats, opts.metric, df)
     grid = ", ".join(str(n) for n in aggregate.score_grid(df))
+    score_unit = "log-perplexity (NLL, nats/token)"
+    if report.tokenizers:  # the score of mixed tokenizers: see ``mixed_tokenizers``
+        score_unit = "NLL per byte (nats/byte: bits per byte x ln 2)"
     note = [f"{SKIPPED_NOTE} below.", ""] if len(report.skipped) else []
     return [
         f"## {title} by evaluation length",
@@ -601,7 +651,7 @@ def tables_markdown(df: pd.DataFrame, report: Report) -> list[str]:
         *note,
         "## Extrapolation score",
         "",
-        f"Mean log-perplexity (NLL, nats/token) over the eval lengths {grid} per run, then the "
+        f"Mean {score_unit} over the eval lengths {grid} per run, then the "
         "mean over seeds; lower is better, best first. Scores equal to the digits shown share "
         "a rank (marked =); which differences the seeds support is in the next section.",
         "",

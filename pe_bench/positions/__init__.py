@@ -27,8 +27,11 @@ from pe_bench.positions import (  # noqa: F401  (importing registers the built-i
     bias,
     contextual,
     fire,
+    gates,
+    logits,
     randomized,
     relative,
+    rerope,
     rotary,
     rotary_zoo,
 )

@@ -1,0 +1,94 @@
+"""Schemes whose only order signal is a learned gate between keys and query, with no position
+encoding otherwise: the Forgetting Transformer's forget gate (a logit bias) and stick-breaking
+attention (which replaces the softmax)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pe_bench.positions.base import ModelDims, PositionScheme, register
+
+
+@register("fox")
+class ForgetGate(PositionScheme):
+    """The Forgetting Transformer's forget gate (Lin et al. 2025, "Forgetting Transformer:
+    Softmax Attention with a Forget Gate", https://arxiv.org/abs/2503.02130): per head a gate
+    f_t = sigmoid(w^T x_t + b) on every token, and the logit bias
+    D_ij = sum_{l=j+1..i} ln f_l = c_i - c_j with c_t = sum_{l<=t} ln f_l (a cumulative sum of
+    log-sigmoids, computed in float32). No position encoding otherwise (the paper's FoX does
+    not use RoPE). Reference implementation: zhixuan-lin/forgetting-transformer,
+    ``ForgettingAttentionLayer`` (``fgate_type="full"``: ``fgate_proj`` = Linear(d_model,
+    n_h) with bias per layer, weights N(0, 0.02) and bias 0, so f ~ 1/2 at the start;
+    ``log_fgate = logsigmoid``, cumulative sum in ``forgetting_attention``).
+
+    Departure: the hooks see the heads' queries and keys, not x_t, so the gate reads the head's
+    key, f_t = sigmoid(w_h^T k_t + b_h), with w_h (``[h_d]``, N(0, 0.02)) and b_h (0) per layer
+    and head. k_t = W_k x_t is a linear function of x_t, so this is the reference's gate with
+    its weights restricted to the row space of the head's W_k (and trained jointly with it).
+
+    Causal: D_ij for j <= i reads the gates of tokens j+1..i only. The bias depends on the
+    keys' contents, not on i - j, so the scheme is not ``relative`` (it is translation
+    invariant: it reads no position at all).
+    """
+
+    content_bias = True
+
+    @property
+    def caveat(self) -> str:
+        return (
+            "forget gate computed from each head's key k_t (a linear function of x_t), not "
+            "from x_t with its own projection as in FoX"
+        )
+
+    def __init__(self, dims: ModelDims) -> None:
+        super().__init__(dims)
+        layers, heads = dims.num_layers, dims.num_heads
+        self.gate_weight = nn.Parameter(0.02 * torch.randn(layers, heads, dims.head_dim))
+        self.gate_bias = nn.Parameter(torch.zeros(layers, heads))
+
+    def log_gates(self, k: Tensor, layer: int) -> Tensor:
+        """ln f_t of every key, ``[b, n_h, s_k]`` in float32."""
+        logit = torch.einsum("bhkd,hd->bhk", k.float(), self.gate_weight[layer].float())
+        return F.logsigmoid(logit + self.gate_bias[layer].float().unsqueeze(-1))
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        c = self.log_gates(k, layer).cumsum(-1)  # [b, n_h, s_k]: sum_{l<=t} ln f_l
+        c_q = c[..., -q.shape[-2] :]  # the queries are the last keys
+        return c_q.unsqueeze(-1) - c.unsqueeze(-2)  # [b, n_h, s_q, s_k]; j > i masked later
+
+
+@register("stickbreaking")
+class StickBreaking(PositionScheme):
+    """Stick-breaking attention (Tan et al. 2024, "Scaling Stick-Breaking Attention: An
+    Efficient Implementation and In-depth Study", https://arxiv.org/abs/2410.17980) on NoPE:
+    with z_ij = q_i . k_j / sqrt(h_d) and beta_ij = sigmoid(z_ij), key j < i gets
+
+        A_ij = beta_ij prod_{j<k<i} (1 - beta_ik),
+
+    the stick left by the keys between j and the query, nearest first; in log space
+    ln A_ij = logsigmoid(z_ij) - sum_{j<k<i} softplus(z_ik) (float32, a reversed cumulative
+    sum over keys). Reference implementation: shawntan/stickbreaking-attention,
+    ``stickbreaking_attention/sb_ref.py`` with its tests' ``ref_fwd``: inverse temperature
+    1/sqrt(h_d), the query does not stick-break over itself (``attend_current=False``: the
+    mask ``triu(0)``, cumulative weights ``tril(-1)``), and the remaining stick,
+    1 - sum_j A_ij = prod_{k<i} (1 - beta_ik), goes to the query's own value
+    (``o + rem * v``). Here that remainder is the weight on the query's own key, so the
+    weights sum to 1 (to rounding).
+
+    No position encoding otherwise: order comes from the stick-breaking alone. Not
+    ``relative`` (like NoPE, it reads no position).
+    """
+
+    def attention_weights(self, logits: Tensor, allowed: Tensor) -> Tensor:
+        s_q, s_k = allowed.shape
+        keys = torch.arange(s_k, device=allowed.device)
+        own = keys == torch.arange(s_k - s_q, s_k, device=allowed.device).unsqueeze(-1)
+        before = allowed & ~own  # keys strictly before the query
+        spent = F.softplus(logits).masked_fill(~before, 0.0)  # -ln(1 - beta_ik)
+        from_j = spent.flip(-1).cumsum(-1).flip(-1)  # sum_{k >= j}
+        between = F.pad(from_j[..., 1:], (0, 1))  # sum_{j < k < i}
+        log_weights = F.logsigmoid(logits) - between
+        remainder = torch.exp(-from_j[..., :1])  # prod_{k < i} (1 - beta_ik)
+        return torch.where(before, log_weights.exp(), 0.0) + torch.where(own, remainder, 0.0)

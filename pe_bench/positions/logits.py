@@ -1,0 +1,166 @@
+"""Schemes that act on the attention logits themselves: DAPE's MLP over heads (through
+``modify_logits``) and SSMax's learned temperature s ln n (through ``logit_scale``), each on
+top of a base scheme it subclasses."""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pe_bench.config import Range
+from pe_bench.errors import UserError
+from pe_bench.positions.base import ModelDims, PositionScheme, register
+from pe_bench.positions.bias import ALiBi, KerpleLog
+from pe_bench.positions.rotary import RoPE
+
+# Largest hidden activation of DAPE's MLP built at once, in elements (128 MiB in fp32): longer
+# windows go through it by query slices. The MLP's width is 8x the logits at 4 heads, so the
+# explicit attention's own chunking (up to 2^25 logits) would otherwise allow 1 GiB per layer.
+DAPE_BUDGET = 2**25
+
+
+class DAPE(PositionScheme):
+    """DAPE (Zheng et al. 2024, "DAPE: Data-Adaptive Positional Encoding for Length
+    Extrapolation", https://arxiv.org/abs/2405.14722): the logits A + B + f([A; B]), with A the
+    scaled q . k / sqrt(h_d) and B the base scheme's bias, both ``[n_h]`` at every (i, j), and
+    f an MLP from 2 n_h to n_h features applied at each (i, j). Reference implementation:
+    chuanyang-Zheng/DAPE, ``DAPE.py`` (``AliBi_DAPE``, ``ParallelKerpleLog_DAPE``: ``mlp2`` =
+    Linear(2 n_h, ``mlp_width``), LeakyReLU, Linear(``mlp_width``, n_h), PyTorch's default
+    initialisation, ``mlp_width`` 32 in its configs, one module per attention layer).
+
+    As there, f has its own weights in every layer (nothing in the reference constrains f to
+    be relative-preserving: it is pointwise in (i, j), so a relative base stays relative) and
+    LeakyReLU keeps PyTorch's slope 0.01. The base bias B is the base scheme's as pe-bench
+    trains it (KERPLE's coefficients are shared by the layers here; the reference builds both
+    per layer), so that a DAPE row differs from its base row by f alone.
+
+    A mixin: subclass it with a scheme that has a content-free ``score_bias`` (``DapeKerple``,
+    ``DapeALiBi``).
+
+    Args:
+        mlp_width (int): hidden width of f. Default: 32.
+    """
+
+    option_ranges: ClassVar[dict[str, Range]] = {"mlp_width": Range(ge=1)}
+
+    def __init__(self, dims: ModelDims, *, mlp_width: int = 32) -> None:
+        super().__init__(dims)  # the base scheme's parameters first
+        if mlp_width < 1:
+            raise UserError(f"{self.name}: mlp_width must be >= 1, got {mlp_width}")
+        heads = dims.num_heads
+        self.mlps = nn.ModuleList(
+            nn.Sequential(
+                nn.Linear(2 * heads, mlp_width), nn.LeakyReLU(), nn.Linear(mlp_width, heads)
+            )
+            for _ in range(dims.num_layers)
+        )
+
+    def adaptive_term(self, logits: Tensor, bias: Tensor, layer: int) -> Tensor:
+        """f([A; B]) ``[b, n_h, s_q, s_k]`` in float32, by query slices of at most
+        ``DAPE_BUDGET`` hidden activations. The first layer is split into its A and B halves,
+        so the batch-free bias goes through it once."""
+        first, _, last = self.mlps[layer]
+        heads = self.dims.num_heads
+        w_a, w_b = first.weight.float()[:, :heads], first.weight.float()[:, heads:]
+        b, _, s_q, s_k = logits.shape
+        step = max(1, DAPE_BUDGET // (b * s_k * w_a.shape[0]))
+        slices = []
+        for start in range(0, s_q, step):
+            rows = slice(start, start + step)
+            hidden = torch.einsum("bhqk,oh->bqko", logits[:, :, rows], w_a)
+            hidden = hidden + torch.einsum("...hqk,oh->...qko", bias[..., rows, :], w_b)
+            hidden = F.leaky_relu(hidden + first.bias.float())
+            out = F.linear(hidden, last.weight.float(), last.bias.float())  # [b, q, k, n_h]
+            slices.append(out.permute(0, 3, 1, 2))
+        return slices[0] if len(slices) == 1 else torch.cat(slices, dim=2)
+
+    def modify_logits(
+        self,
+        logits: Tensor,
+        bias: Tensor | None,
+        q: Tensor,
+        k: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        layer: int,
+    ) -> Tensor:
+        if bias is None:  # a base scheme without a bias: f sees zeros in its B inputs
+            bias = torch.zeros_like(logits[0])
+        return logits + bias + self.adaptive_term(logits, bias, layer)
+
+
+@register("dape_kerple")
+class DapeKerple(DAPE, KerpleLog):
+    """DAPE on KERPLE log (the reference's ``ParallelKerpleLog_DAPE``): logits A + B + f([A;
+    B]) with B = -r1 ln(1 + r2 (i - j)). Relative, as KERPLE: f reads A and B at one (i, j)."""
+
+
+@register("dape_alibi")
+class DapeALiBi(DAPE, ALiBi):
+    """DAPE on ALiBi (the reference's ``AliBi_DAPE``): logits A + B + f([A; B]) with
+    B = -m_h (i - j). Relative, as ALiBi."""
+
+
+def ssmax_scales(dims: ModelDims, init_s: float | None) -> nn.Parameter:
+    """s per layer and head, ``[num_layers, n_h]``, all at ``init_s`` (None: 1 / ln L_train)."""
+    if init_s is None:
+        if dims.train_len < 2:
+            raise UserError(f"ssmax needs a training length >= 2, got {dims.train_len}")
+        init_s = 1.0 / math.log(dims.train_len)
+    return nn.Parameter(torch.full((dims.num_layers, dims.num_heads), float(init_s)))
+
+
+@register("ssmax_nope")
+class SSMax(PositionScheme):
+    """Scalable-Softmax (Nakanishi 2025, "Scalable-Softmax Is Superior for Attention",
+    https://arxiv.org/abs/2501.19399): the logits of a query that attends to n keys are
+    multiplied by s ln n before the softmax, s learned per layer and head, so that attention
+    does not fade as n grows. Causal: n = q_pos + 1, the query's 1-based position (a position,
+    not an index, so a chunk of queries or a window that starts later scales as a whole
+    window would). ``logit_scale`` returns s ln n per head, ``[n_h, s_q]``.
+
+    Initial s: the paper's text available here does not state it (its Figure 1 uses s = 0.43;
+    the unofficial gdevos010/Scalable-Softmax defaults to 0.43, TabICL's ``ssmax.py`` to 1).
+    The default 1 / ln L_train makes s ln n = 1 at the training length, so training starts
+    from the base scheme's logits for the last query and the scale only grows past L_train.
+
+    This class is SSMax on NoPE; ``ssmax_rope`` and ``ssmax_alibi`` add it to those schemes.
+    ln n depends on the query's absolute position, so none of them is ``relative``.
+
+    Args:
+        init_s (float | None): initial s. Default: None, meaning 1 / ln L_train.
+    """
+
+    relative = False  # ln n reads the query's absolute position
+
+    def __init__(self, dims: ModelDims, *, init_s: float | None = None) -> None:
+        super().__init__(dims)
+        self.s = ssmax_scales(dims, init_s)
+
+    def logit_scale(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        n = q_pos.float() + 1  # the keys a causal query attends to
+        return self.s[layer].float().unsqueeze(-1) * n.log()  # [n_h, s_q]
+
+
+@register("ssmax_rope")
+class SSMaxRoPE(SSMax, RoPE):
+    """SSMax on RoPE: q and k rotated as RoPE, the logits times s ln n. Not relative (ln n)."""
+
+    def __init__(
+        self, dims: ModelDims, *, base: float = 10000.0, init_s: float | None = None
+    ) -> None:
+        RoPE.__init__(self, dims, base=base)
+        self.s = ssmax_scales(dims, init_s)
+
+
+@register("ssmax_alibi")
+class SSMaxALiBi(SSMax, ALiBi):
+    """SSMax on ALiBi: the whole logit (q . k / sqrt(h_d) - m_h (i - j)) times s ln n, as the
+    paper puts the scale on softmax's input (``scales_bias``); the bias is then built per
+    layer. Not relative (ln n)."""
+
+    scales_bias = True

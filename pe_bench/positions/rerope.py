@@ -1,0 +1,203 @@
+"""Eval-time variants of a trained RoPE that cap the relative positions a query sees by mixing
+the logits of two rotations by distance: ReRoPE, leaky ReRoPE and Self-Extend.
+
+Each leaves q and k unrotated in ``rotate`` and rotates them twice in ``modify_logits`` (which
+gets q and k after ``transform_qk``): once at their own positions, for the keys within the
+window, and once at the positions that give the capped relative position, for the others.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+from torch import Tensor
+
+from pe_bench.config import Range
+from pe_bench.errors import UserError
+from pe_bench.positions.base import ModelDims, register
+from pe_bench.positions.rotary import LogN, RoPE, apply_rotary
+
+
+def default_window(name: str, dims: ModelDims, window: int | None) -> int:
+    """The window w: ``window``, or L_train / 4 (at least 1) when None."""
+    window = max(1, dims.train_len // 4) if window is None else window
+    if window < 1:
+        raise UserError(f"{name}: window must be >= 1, got {window}")
+    return window
+
+
+def rotated_logits(q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, inv_freq: Tensor) -> Tensor:
+    """q at (real-valued) positions ``q_pos`` dotted with k at ``k_pos``, over sqrt(h_d):
+    RoPE's logits for the relative positions q_pos - k_pos, ``[b, n_h, s_q, s_k]`` in float32."""
+    q_rot = apply_rotary(q.float(), q_pos.float().unsqueeze(-1) * inv_freq)
+    k_rot = apply_rotary(k.float(), k_pos.float().unsqueeze(-1) * inv_freq)
+    return q_rot @ k_rot.transpose(-2, -1) / math.sqrt(q.shape[-1])
+
+
+class WindowedRoPE(RoPE):
+    """RoPE's logits for keys closer than the window w, other logits for the rest (a base for
+    ReRoPE and Self-Extend): q and k are rotated in ``modify_logits``, not in ``rotate``."""
+
+    variant_of = "rope"
+    relative = False
+    window: int
+
+    def rotate(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
+    ) -> tuple[Tensor, Tensor]:
+        return q, k  # both rotations happen in modify_logits
+
+    def far_positions(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """The (real-valued) positions q and k are rotated to for keys at distance >= w."""
+        raise NotImplementedError
+
+    def modify_logits(
+        self,
+        logits: Tensor,
+        bias: Tensor | None,
+        q: Tensor,
+        k: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        layer: int,
+    ) -> Tensor:
+        inv_freq = self.frequencies(k_pos)
+        near = rotated_logits(q, k, q_pos, k_pos, inv_freq)
+        far = rotated_logits(q, k, *self.far_positions(q_pos, k_pos), inv_freq)
+        within = (q_pos.unsqueeze(-1) - k_pos) < self.window  # [s_q, s_k]
+        mixed = near.where(within, far)
+        return mixed if bias is None else mixed + bias
+
+
+@register("rerope")
+class ReRoPE(WindowedRoPE, LogN):
+    """ReRoPE (Su 2023, "Rectified Rotary Position Embeddings", https://kexue.fm/archives/9708),
+    an eval-time variant of a trained rope: relative positions up to the window w as RoPE's,
+    every larger one read as w. Reference implementation: bojone/rerope, ``rerope_patch.py``:
+    logits of q and k rotated at their positions where i - j < w, else of q rotated at w and k
+    unrotated (relative position exactly w); and, before the rotations, the queries times
+    max(1, ln(p + 1) / ln L_train) (log-n scaling, as ``logn``; ``logn: false`` drops it).
+
+    Window: the patch ships w = 512 for Llama 2's 4096 tokens and its README reports w = 1024;
+    the default here is L_train / 4, the README's fraction.
+
+    Not ``relative``: log-n scaling reads the query's position (without it the logits depend
+    on i - j only, which the tests check).
+
+    Args:
+        base (float): frequency base of the trained rope. Default: 10000.
+        window (int | None): w. Default: None, meaning L_train / 4 (at least 1).
+        logn (bool): scale the queries by max(1, ln(p + 1) / ln L_train). Default: true.
+    """
+
+    option_ranges: ClassVar[dict[str, Range]] = {**RoPE.option_ranges, "window": Range(ge=1)}
+
+    def __init__(
+        self,
+        dims: ModelDims,
+        *,
+        base: float = 10000.0,
+        window: int | None = None,
+        logn: bool = True,
+    ) -> None:
+        super().__init__(dims, base=base)
+        self.window = default_window(self.name, dims, window)
+        self.logn = logn
+
+    def slope(self) -> float:
+        """How fast the relative position grows past w: 0, it stays at w."""
+        return 0.0
+
+    def far_positions(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        # q at r i + w (1 - r), k at r j: relative position w + r (i - j - w)
+        r, w = self.slope(), self.window
+        return q_pos.float() * r + w * (1 - r), k_pos.float() * r
+
+    def logit_scale(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor | None:
+        return super().logit_scale(q_pos, k_pos, layer) if self.logn else None
+
+
+@register("leaky_rerope")
+class LeakyReRoPE(ReRoPE):
+    """Leaky ReRoPE (Su 2023, https://kexue.fm/archives/9708), an eval-time variant of a
+    trained rope: relative positions up to w as RoPE's, then w + (i - j - w) / k. Reference
+    implementation: bojone/rerope, ``leaky_rerope_patch.py``: past the window q is rotated at
+    (i + w (k - 1)) / k and k at j / k (``LlamaLinearScalingRotaryEmbedding`` with factor k,
+    positions shifted by w (k - 1)), with log-n scaling of the queries as in ``rerope``.
+
+    Defaults: k = 16 as the patch; w = L_train / 4 as ``rerope`` (the patch: w = 512 of 4096).
+
+    Args:
+        base (float): frequency base of the trained rope. Default: 10000.
+        window (int | None): w. Default: None, meaning L_train / 4 (at least 1).
+        k (float): the slope 1/k past the window (k = 1 is plain RoPE). Default: 16.
+        logn (bool): scale the queries by max(1, ln(p + 1) / ln L_train). Default: true.
+    """
+
+    option_ranges: ClassVar[dict[str, Range]] = {**ReRoPE.option_ranges, "k": Range(ge=1)}
+
+    def __init__(
+        self,
+        dims: ModelDims,
+        *,
+        base: float = 10000.0,
+        window: int | None = None,
+        k: float = 16.0,
+        logn: bool = True,
+    ) -> None:
+        super().__init__(dims, base=base, window=window, logn=logn)
+        if k < 1:
+            raise UserError(f"leaky_rerope: k must be >= 1, got {k}")
+        self.k = k
+
+    def slope(self) -> float:
+        return 1.0 / self.k
+
+
+@register("self_extend")
+class SelfExtend(WindowedRoPE):
+    """Self-Extend (Jin et al. 2024, "LLM Maybe LongLM: Self-Extend LLM Context Window Without
+    Tuning", https://arxiv.org/abs/2401.01325), an eval-time variant of a trained rope:
+    neighbour attention (RoPE at the tokens' own positions) for i - j < w, and grouped
+    attention beyond, with q at floor(i / G) + w - w / G and k at floor(j / G), so the grouped
+    relative positions continue from w. Reference implementation: datamllab/LongLM,
+    ``self_extend_patch/Llama.py`` (``self_extend_forward``: ``group_size_1`` = G,
+    ``group_size_2`` = w, the shift w - w / G in floating point, its neighbour mask
+    i - j < w; its optional log-n ``scale_base`` is off by default, and so here).
+
+    Defaults: the README's rule is that a window of L tokens needs (L_train - w) G + w >= L;
+    w = L_train / 4 (the README's Llama example, w = 1024 of 4096) and G = 32 serve up to
+    24 L_train, past the suite's 16x (the smallest power of two that does).
+
+    Not ``relative``: floor(i / G) - floor(j / G) depends on the positions, not on i - j only.
+
+    Args:
+        base (float): frequency base of the trained rope. Default: 10000.
+        group_size (int): G. Default: 32.
+        window (int | None): w, the neighbour window. Default: None, meaning L_train / 4.
+    """
+
+    option_ranges: ClassVar[dict[str, Range]] = {
+        **RoPE.option_ranges,
+        "group_size": Range(ge=1),
+        "window": Range(ge=1),
+    }
+
+    def __init__(
+        self,
+        dims: ModelDims,
+        *,
+        base: float = 10000.0,
+        group_size: int = 32,
+        window: int | None = None,
+    ) -> None:
+        super().__init__(dims, base=base)
+        if group_size < 1:
+            raise UserError(f"self_extend: group_size must be >= 1, got {group_size}")
+        self.group_size = group_size
+        self.window = default_window(self.name, dims, window)
+
+    def far_positions(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        g, w = self.group_size, self.window
+        return (q_pos // g).float() + (w - w / g), (k_pos // g).float()

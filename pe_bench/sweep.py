@@ -10,7 +10,10 @@ exit status 1, after the line that says why.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
+import os
+import shlex
 import shutil
 import sys
 import time
@@ -56,18 +59,23 @@ class SweepCallback(Callback):
     def __init__(self) -> None:
         self.total: int | None = None
         self.started = 0.0
+        self.command = ""  # this sweep's line in COMMANDS
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.total, self.started = sweep_size(config), time.time()
         if rank_from_env() == 0:
             overrides = [*searchpath(config.hydra.overrides.hydra), *config.hydra.overrides.task]
-            log_command(Path(config.hydra.sweep.dir), overrides)
+            self.command = log_command(Path(config.hydra.sweep.dir), overrides)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         job = HydraConfig.get().job
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             of = f" of {self.total}" if self.total else ""
             log.info("sweep: job %d%s: %s", job.num + 1, of, job.override_dirname or "default")
+            pythonpath = plugin_pythonpath(config)
+            if self.command and pythonpath and rank_from_env() == 0:
+                sweep_dir = Path(config.hydra.sweep.dir)
+                self.command = with_pythonpath(sweep_dir, self.command, pythonpath)
 
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         hydra_cfg = HydraConfig.get()
@@ -109,15 +117,51 @@ def searchpath(hydra_overrides: list[str]) -> list[str]:
     return [o for o in hydra_overrides if o.split("=", 1)[0] == "hydra.searchpath"]
 
 
-def log_command(sweep_dir: Path, overrides: list[str]) -> None:
+def log_command(sweep_dir: Path, overrides: list[str]) -> str:
     """Add this sweep's command to the folder's ``COMMANDS`` (Hydra's multirun.yaml keeps only
     the last sweep's): a report of a folder that several sweeps filled, say seeds 1,2 added to a
-    seed-0 suite, lists every command that made its records."""
+    seed-0 suite, lists every command that made its records. Returns the command."""
     path = sweep_dir / COMMANDS
     known = path.read_text().splitlines() if path.exists() else []
     command = sweep_command(overrides)
-    if command not in known:
+    logged = [line for line in known if line == command or line.endswith(f" {command}")]
+    if not logged:  # (a line with a PYTHONPATH= prefix is this command too)
         atomic_write_text(path, "".join(f"{line}\n" for line in [*known, command]))
+    return logged[0] if logged else command
+
+
+def plugin_pythonpath(config: DictConfig) -> str:
+    """The ``PYTHONPATH`` a job's plugins were imported through ('' for none, or installed
+    ones): the folder above each ``pe.plugin`` / ``eval.variants.*.plugin`` module that is not
+    in site-packages, relative to the working folder when inside it."""
+    variants = config.get("eval", {}).get("variants") or {}
+    modules = [config.get("pe", {}).get("plugin"), *(v.get("plugin") for v in variants.values())]
+    roots = []
+    for module in filter(None, modules):
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            continue
+        if spec is None or spec.origin is None:
+            continue
+        origin = Path(spec.origin).resolve()
+        root = origin.parents[module.count(".") + (origin.name == "__init__.py")]
+        if "site-packages" not in root.parts:
+            inside = root == Path.cwd() or Path.cwd() in root.parents
+            roots.append(os.path.relpath(root) if inside else str(root))
+    return os.pathsep.join(dict.fromkeys(roots))
+
+
+def with_pythonpath(sweep_dir: Path, command: str, pythonpath: str) -> str:
+    """This sweep's line in ``COMMANDS``, ``command``, prefixed with ``PYTHONPATH=...`` (its
+    plugins are found through it); returns the new line."""
+    prefixed = f"PYTHONPATH={shlex.quote(pythonpath)} {command[command.index('pe-bench') :]}"
+    path = sweep_dir / COMMANDS
+    lines = path.read_text().splitlines() if path.exists() else []
+    if prefixed not in lines:
+        lines = [line for line in lines if line != command] + [prefixed]
+        atomic_write_text(path, "".join(f"{line}\n" for line in lines))
+    return prefixed
 
 
 def write_report(root: Path, config: DictConfig) -> bool:

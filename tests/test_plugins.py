@@ -69,6 +69,7 @@ def test_doc_commands_run_and_the_report_shows_the_plugin_next_to_built_ins(tmp_
     assert "my_pe: conforms" in outputs["pe-bench-check"]
     reproduce = (tmp_path / "smoke" / "report.md").read_text().split("## Reproduce")[1]
     assert "hydra.searchpath=[file://" in reproduce  # the plugin's YAML is found through it
+    assert "PYTHONPATH=examples/my_pe pe-bench -m" in reproduce  # and its module through this
     assert re.search(r"\| my_pe +\|", outputs["pe-bench-report"])
     folder = tmp_path / "smoke"
     assert set(load_records(folder)["scheme"]) == {"my_pe", "alibi", "rope"}

@@ -10,7 +10,14 @@ from omegaconf import DictConfig, open_dict
 
 from pe_bench.report import commands
 from pe_bench.results import write_jsonl
-from pe_bench.sweep import SweepCallback, log_command, sweep_size, write_report
+from pe_bench.sweep import (
+    SweepCallback,
+    log_command,
+    plugin_pythonpath,
+    sweep_size,
+    with_pythonpath,
+    write_report,
+)
 
 from .helpers import TINY, TRAINABLE, compose, pe_bench, record, three_seeds
 
@@ -119,3 +126,26 @@ def test_a_whole_sweep_whose_report_fails_exits_1(tmp_path):
     )
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "no report: records disagree on train_len" in proc.stdout + proc.stderr
+
+
+def test_a_sweeps_command_says_where_its_plugin_was_imported_from(tmp_path, monkeypatch):
+    """The report's Reproduce section printed a plugin sweep's command without the
+    PYTHONPATH its module was found through (issue 17 item 4)."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "far_away_pe.py").write_text("")
+    monkeypatch.syspath_prepend(str(plugins))
+    cfg = compose()
+    with open_dict(cfg):
+        cfg.pe.plugin = "far_away_pe"
+    assert plugin_pythonpath(cfg) == str(plugins)
+    assert plugin_pythonpath(compose()) == ""  # no plugin
+    command = log_command(tmp_path, ["pe=far"])
+    line = with_pythonpath(tmp_path, command, plugin_pythonpath(cfg))
+    assert line == f"PYTHONPATH={plugins} pe-bench -m pe=far"
+    assert log_command(tmp_path, ["pe=far"]) == line  # the same sweep again: its line
+    assert commands_file(tmp_path) == [line]
+
+
+def commands_file(folder: Path) -> list[str]:
+    return (folder / "commands.txt").read_text().splitlines()

@@ -160,7 +160,7 @@ def test_top_keys_are_the_composed_config_keys(tiny_config):
     assert set(tiny_config()) == set(TOP_KEYS)
 
 
-PE_OPTIONS = "alibi, cope, dynamic_ntk, fire, hope, kerple_log, kerple_power, learned, llama3, logn"
+PE_OPTIONS = "alibi, cope, dape_alibi, dape_kerple, dynamic_ntk, fire, fox, hope, kerple_log"
 TRAIN_KEYS = "batch_size, beta1, beta2, ckpt_every, compile, device, grad_clip, log_every, lr"
 
 # Bad input that only the console script meets: Hydra refuses it while composing, before

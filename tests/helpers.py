@@ -38,8 +38,40 @@ TRAINABLE = [
     "hope",
     "resonance_rope",
     "rope_nope_hybrid",
+    "dape_kerple",
+    "dape_alibi",
+    "ssmax_nope",
+    "ssmax_rope",
+    "ssmax_alibi",
+    "fox",
+    "stickbreaking",
 ]
-VARIANTS = ["pi", "ntk", "dynamic_ntk", "yarn", "logn", "ntk_by_parts", "llama3", "longrope"]
+VARIANTS = [
+    "pi",
+    "ntk",
+    "dynamic_ntk",
+    "yarn",
+    "logn",
+    "ntk_by_parts",
+    "llama3",
+    "longrope",
+    "rerope",
+    "leaky_rerope",
+    "self_extend",
+]
+# Schemes that rewrite the logits or their normalisation (modify_logits, attention_weights) or
+# scale their bias (scales_bias): they leave the fused attention paths on purpose.
+LOGIT_HOOKS = [
+    "dape_kerple",
+    "dape_alibi",
+    "ssmax_alibi",
+    "stickbreaking",
+    "rerope",
+    "leaky_rerope",
+    "self_extend",
+]
+# Variants that change RoPE's logits past a window shorter than the training length.
+WINDOWED = ["rerope", "leaky_rerope", "self_extend"]
 RELATIVE = [
     "t5",
     "xl",
@@ -60,6 +92,8 @@ RELATIVE = [
     "ntk_by_parts",
     "llama3",
     "longrope",
+    "dape_kerple",
+    "dape_alibi",
 ]
 NOT_RELATIVE = [
     "nope",
@@ -71,6 +105,14 @@ NOT_RELATIVE = [
     "randomized_learned",
     "dynamic_ntk",
     "logn",
+    "ssmax_nope",
+    "ssmax_rope",
+    "ssmax_alibi",
+    "fox",
+    "stickbreaking",
+    "rerope",
+    "leaky_rerope",
+    "self_extend",
 ]
 
 

@@ -11,7 +11,7 @@ from pe_bench.model import GPT, ModelConfig, seeded_scheme
 from pe_bench.positions import ModelDims, PositionScheme, build_scheme
 from pe_bench.positions.bias import ALiBi
 
-from .helpers import RELATIVE, TRAINABLE, VARIANTS
+from .helpers import LOGIT_HOOKS, RELATIVE, TRAINABLE, VARIANTS
 
 DIMS = ModelDims(d_model=32, num_heads=4, head_dim=8, num_layers=2, train_len=16)
 
@@ -311,10 +311,16 @@ def tiny_model(make, seed=0):
     return GPT(cfg, pe).eval()
 
 
-@pytest.mark.parametrize("name", TRAINABLE + VARIANTS)
+@pytest.mark.parametrize("name", [n for n in TRAINABLE + VARIANTS if n not in LOGIT_HOOKS])
 def test_built_in_schemes_keep_their_fused_paths(name):
     scheme = build_scheme({"name": name}, DIMS)
     assert not scheme.has_logits_hook and not scheme.scales_bias
+
+
+@pytest.mark.parametrize("name", LOGIT_HOOKS)
+def test_schemes_of_the_logit_hooks_leave_the_fused_paths(name):
+    scheme = build_scheme({"name": name}, DIMS)
+    assert scheme.has_logits_hook or scheme.scales_bias
 
 
 @pytest.mark.parametrize(

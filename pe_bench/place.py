@@ -1,0 +1,167 @@
+"""``pe-bench-place``: a scheme (a plugin's, or any) on the leaderboard of a committed
+experiment, in one command.
+
+    pe-bench-place my_pe --onto results/quick --plugin my_pe
+
+It copies the committed folder's records (not its report, nor any checkpoint: the committed
+schemes are not retrained) into ``--out``, trains and evaluates the scheme there with the
+sweep command that made the committed records (``commands.txt``: the same experiment, model,
+data, training and evaluation), once per committed seed, and the sweep's report then ranks
+it beside the committed schemes, with CIs over the seeds. The report refuses records made
+under another protocol, so the placed scheme's numbers are comparable or there is no report.
+Rerunning the command resumes: finished runs are found, not retrained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.resources
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from pe_bench.errors import UserError
+from pe_bench.positions import load_plugin, scheme_class
+from pe_bench.results import COMMANDS, load_records
+
+# Overrides of a committed command that a placement sets itself.
+OWN_KEYS = ("pe", "train.seed", "out_root", "name", "hydra.sweep.dir")
+# What is not copied from the committed folder: the report (rewritten with the new scheme),
+# checkpoints (never committed anyway) and loggers' folders.
+NOT_COPIED = ("report.md", "tables", "figures", "*.pt", "wandb", ".lock", ".done")
+
+
+def protocol_overrides(onto: Path) -> list[str]:
+    """The overrides of the sweeps that made ``onto``'s records, less the scheme, the seeds
+    and where outputs go (the same in every sweep of the folder, or a ``UserError``)."""
+    path = onto / COMMANDS
+    if not path.exists():
+        raise UserError(
+            f"{onto} has no {COMMANDS}: pe-bench-place needs the folder of a committed sweep "
+            "(e.g. results/quick)"
+        )
+    found = set()
+    for line in path.read_text().splitlines():
+        words = shlex.split(line)
+        words = words[words.index("pe-bench") + 1 :]  # drop a PYTHONPATH= prefix
+        kept = [w for w in words if w != "-m" and w.split("=", 1)[0].lstrip("+~") not in OWN_KEYS]
+        found.add(tuple(kept))
+    if len(found) != 1:
+        listed = "; ".join(" ".join(f) for f in sorted(found))
+        raise UserError(
+            f"the sweeps of {onto} differ beyond pe and train.seed ({listed}): place onto a "
+            "folder of one protocol"
+        )
+    return list(found.pop())
+
+
+def committed_seeds(onto: Path) -> list[int]:
+    """The seeds of the committed records (every one gets a run of the placed scheme)."""
+    records = load_records(onto)
+    return sorted({int(s) for s in records["seed"].dropna()})
+
+
+def scheme_overrides(scheme: str, options: list[str], plugin: str | None) -> list[str]:
+    """The ``pe`` overrides that select ``scheme`` with ``options``: its YAML where pe-bench
+    has one, else (a plugin's scheme without a YAML) the empty NoPE config renamed."""
+    has_yaml = (importlib.resources.files("pe_bench.conf") / "pe" / f"{scheme}.yaml").is_file()
+    pe = [f"pe={scheme}"] if has_yaml else ["pe=nope"]
+    if pe[0] == "pe=nope" and scheme != "nope":
+        pe.append(f"pe.name={scheme}")
+    if plugin:
+        pe.append(f"++pe.plugin={plugin}")
+    return [*pe, *(f"++pe.{option}" for option in options)]
+
+
+def copy_records(onto: Path, out: Path) -> None:
+    """The committed folder's records and commands, into ``out`` (once: a rerun resumes)."""
+    if out.exists():
+        return
+    shutil.copytree(onto, out, ignore=shutil.ignore_patterns(*NOT_COPIED))
+
+
+def place(
+    scheme: str,
+    onto: Path,
+    out: Path,
+    options: list[str],
+    plugin: str | None = None,
+    searchpath: str | None = None,
+) -> int:
+    """Train and evaluate ``scheme`` under ``onto``'s protocol into ``out`` beside a copy of
+    ``onto``'s records; the exit status of the sweep (whose report ranks it)."""
+    if plugin:
+        load_plugin(plugin, "--plugin")
+    cls = scheme_class(scheme)
+    if cls.variant_of:
+        raise UserError(
+            f"{scheme} is an eval-time variant of {cls.variant_of}: it needs the trained "
+            f"{cls.variant_of} model, which is not committed; evaluate it with the committed "
+            "sweep's command and +pe@eval.variants.<key>=<variant>"
+        )
+    overrides = protocol_overrides(onto)
+    seeds = ",".join(map(str, committed_seeds(onto)))
+    copy_records(onto, out)
+    command = [
+        *overrides,
+        *scheme_overrides(scheme, options, plugin),
+        f"train.seed={seeds}",
+        f"hydra.sweep.dir={out}",
+        *([f"hydra.searchpath=[{searchpath}]"] if searchpath else []),
+    ]
+    print(f"pe-bench-place: pe-bench -m {shlex.join(command)}", flush=True)
+    return subprocess.run([sys.executable, "-m", "pe_bench.cli", "-m", *command]).returncode
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = _OneLineParser(
+        prog="pe-bench-place",
+        description="Train a scheme under a committed experiment's protocol and report it "
+        "beside the committed schemes.",
+    )
+    parser.add_argument("scheme", help="registered scheme name (your plugin's, or a built-in)")
+    parser.add_argument(
+        "--onto",
+        type=Path,
+        default=Path("results/quick"),
+        help="a committed sweep's folder (default results/quick)",
+    )
+    parser.add_argument("--plugin", help="module to import first, e.g. my_pe")
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a scheme option, as pe.KEY=VALUE (repeatable)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="where the copy and the new runs go (default outputs/place/<onto>/<scheme>)",
+    )
+    parser.add_argument(
+        "--searchpath",
+        help="a folder of the plugin's YAML, e.g. file://$PWD/conf (as hydra.searchpath)",
+    )
+    args = parser.parse_args(argv)
+    for option in args.option:
+        if "=" not in option or option.startswith("="):
+            parser.error(f"--option {option!r} is not key=value")
+    label = ",".join([args.scheme, *args.option])
+    out = args.out or Path("outputs") / "place" / args.onto.name / label
+    try:
+        status = place(args.scheme, args.onto, out, args.option, args.plugin, args.searchpath)
+    except UserError as err:
+        parser.error(str(err))
+    if status == 0:
+        print(f"pe-bench-place: {args.scheme} beside {args.onto}'s schemes: {out / 'report.md'}")
+    sys.exit(status)

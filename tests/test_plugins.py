@@ -43,6 +43,7 @@ def test_doc_commands_run_and_the_report_shows_the_plugin_next_to_built_ins(tmp_
         "export",
         "pe-bench-check",
         "pe-bench",
+        "pe-bench-place",
         "pe-bench-report",
     ]
     outputs = {}
@@ -52,6 +53,9 @@ def test_doc_commands_run_and_the_report_shows_the_plugin_next_to_built_ins(tmp_
             env[key] = value
             continue
         program, *args = shlex.split(command)
+        if program == "pe-bench-place":  # trains on the quick protocol: tests/test_place.py
+            assert args == ["my_pe", "--onto", "results/quick", "--plugin", "my_pe"]
+            continue
         if program == "pe-bench":
             args += [*TINY, f"out_root={tmp_path}"]  # toy sizes, outputs in tmp_path
         if program == "pe-bench-report":

@@ -735,6 +735,7 @@ def provenance_markdown(df: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
         "",
         f"- code: git {distinct(df, 'git_sha')}",
         f"- corpus: `{shared_value(df, 'corpus')}`, sha256 {shared_value(df, 'corpus_sha')}",
+        *tokenizer_line(df),
         f"- model: d_model {shared_value(df, 'd_model')}, {shared_value(df, 'num_layers')} "
         "layers, "
         + (f"{params[0]:,} to {params[-1]:,} parameters" if params else "parameters unknown"),
@@ -746,6 +747,12 @@ def provenance_markdown(df: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
         "- config hash: the suffix of each run id",
         "",
     ]
+
+
+def tokenizer_line(df: pd.DataFrame) -> list[str]:
+    """The provenance line naming the tokenizers, when any is not bytes (none otherwise)."""
+    names = sorted(set(tokenizer_names(df)))
+    return [f"- tokenizer: {'; '.join(names)}"] if names != [BYTE] else []
 
 
 def reproduce_markdown(root: Path, out: Path, opts: Options) -> list[str]:

@@ -221,6 +221,7 @@ def test_a_report_refuses_to_mix_tokenizers_per_token(tmp_path):
     assert (tmp_path / "tables" / "bpb.csv").exists()
     assert not (tmp_path / "tables" / "ppl.csv").exists()
     assert "alibi [data.tokenizer=bpe]" in text  # its own row, never a seed of the byte run
+    assert "- tokenizer: bpe (4,096 ids, sha abababab); byte" in text
 
 
 @pytest.mark.slow

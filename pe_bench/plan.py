@@ -249,9 +249,12 @@ def _check_inputs(cfg: RunConfig) -> torch.device:
         )
     device = resolve_device(cfg.train.device)
     check_attention(cfg.model, device)
-    check_step_memory(cfg.train, cfg.model, device, "train")
+    model = cfg.model  # a BPE's logits are up to data.vocab_size wide
+    if cfg.data.get("tokenizer") == "bpe" and cfg.data.get("vocab_size"):
+        model = dataclasses.replace(model, vocab_size=max(model.vocab_size, cfg.data["vocab_size"]))
+    check_step_memory(cfg.train, model, device, "train")
     for key, ft in cfg.finetunes.items():
-        check_step_memory(ft.train_config(cfg.train), cfg.model, device, f"finetunes.{key}")
+        check_step_memory(ft.train_config(cfg.train), model, device, f"finetunes.{key}")
     tracking.check_config(cfg.logger)
     return device
 

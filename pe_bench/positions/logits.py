@@ -32,14 +32,14 @@ class DAPE(PositionScheme):
     Linear(2 n_h, ``mlp_width``), LeakyReLU, Linear(``mlp_width``, n_h), PyTorch's default
     initialisation, ``mlp_width`` 32 in its configs, one module per attention layer).
 
-    As there, f has its own weights in every layer (nothing in the reference constrains f to
-    be relative-preserving: it is pointwise in (i, j), so a relative base stays relative) and
-    LeakyReLU keeps PyTorch's slope 0.01. The base bias B is the base scheme's as pe-bench
-    trains it (KERPLE's coefficients are shared by the layers here; the reference builds both
-    per layer), so that a DAPE row differs from its base row by f alone.
+    As there, f has its own weights in every layer and LeakyReLU keeps PyTorch's slope 0.01;
+    f reads A and B at one (i, j) only, so a relative base stays relative. The base bias B is
+    the base scheme's as pe-bench trains it (KERPLE's coefficients are shared by the layers
+    here; the reference builds both per layer), so that a DAPE row differs from its base row
+    by f alone.
 
     A mixin: subclass it with a scheme that has a content-free ``score_bias`` (``DapeKerple``,
-    ``DapeALiBi``).
+    ``DapeALiBi``); ``modify_logits`` gets that bias as B.
 
     Args:
         mlp_width (int): hidden width of f. Default: 32.
@@ -81,15 +81,13 @@ class DAPE(PositionScheme):
     def modify_logits(
         self,
         logits: Tensor,
-        bias: Tensor | None,
+        bias: Tensor,
         q: Tensor,
         k: Tensor,
         q_pos: Tensor,
         k_pos: Tensor,
         layer: int,
     ) -> Tensor:
-        if bias is None:  # a base scheme without a bias: f sees zeros in its B inputs
-            bias = torch.zeros_like(logits[0])
         return logits + bias + self.adaptive_term(logits, bias, layer)
 
 
@@ -125,8 +123,9 @@ class SSMax(PositionScheme):
 
     Initial s: the paper's text available here does not state it (its Figure 1 uses s = 0.43;
     the unofficial gdevos010/Scalable-Softmax defaults to 0.43, TabICL's ``ssmax.py`` to 1).
-    The default 1 / ln L_train makes s ln n = 1 at the training length, so training starts
-    from the base scheme's logits for the last query and the scale only grows past L_train.
+    The default 1 / ln L_train makes s ln n = 1 at n = L_train: at initialisation the last
+    training query sees its base scheme's logits unscaled, earlier ones damped (s ln n < 1),
+    and queries past L_train sharpened.
 
     This class is SSMax on NoPE; ``ssmax_rope`` and ``ssmax_alibi`` add it to those schemes.
     ln n depends on the query's absolute position, so none of them is ``relative``.
@@ -153,7 +152,7 @@ class SSMaxRoPE(SSMax, RoPE):
     def __init__(
         self, dims: ModelDims, *, base: float = 10000.0, init_s: float | None = None
     ) -> None:
-        RoPE.__init__(self, dims, base=base)
+        RoPE.__init__(self, dims, base=base)  # RoPE's caches for its base, then SSMax's s
         self.s = ssmax_scales(dims, init_s)
 
 

@@ -66,8 +66,7 @@ class WindowedRoPE(RoPE):
         near = rotated_logits(q, k, q_pos, k_pos, inv_freq)
         far = rotated_logits(q, k, *self.far_positions(q_pos, k_pos), inv_freq)
         within = (q_pos.unsqueeze(-1) - k_pos) < self.window  # [s_q, s_k]
-        mixed = near.where(within, far)
-        return mixed if bias is None else mixed + bias
+        return near.where(within, far)  # no bias: RoPE has none
 
 
 @register("rerope")

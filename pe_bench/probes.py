@@ -25,8 +25,9 @@ job, after perplexity (``eval.probes``; sizes under ``eval.*``, see ``EvalConfig
 - ``attention`` (per eval length): mean attention distance sum_j a_ij (i - j) and attention
   entropy -sum_j a_ij ln a_ij per layer, averaged over heads and every query of a few windows.
   The weights are recomputed from each layer's own input with the scheme's hooks
-  (``attention_weights``: ``transform_qk``, then ``score_bias`` by query chunks, as the model
-  attends), since the fused kernels do not return them.
+  (``attention_weights``: ``transform_qk``, then the scheme's logits and weights by query
+  chunks, its ``modify_logits`` and ``attention_weights`` included, as the model attends),
+  since the fused kernels do not return them.
 
 Each measurement is a record keyed like the perplexity records (``RECORD_KEY``) with ``mode``
 the probe's name and ``eval_len`` the length of the sequences it runs (for ``retrieval`` P +
@@ -52,7 +53,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from pe_bench.aggregate import t_interval
-from pe_bench.attention import MASK_BUDGET, causal_allowed
+from pe_bench.attention import MASK_BUDGET, causal_allowed, scheme_logits
 from pe_bench.config import config_hash
 from pe_bench.errors import UserError
 from pe_bench.evaluate import (
@@ -406,16 +407,14 @@ def attention_weights(
     end: int | None = None,
 ) -> Tensor:
     """Attention weights of queries ``start .. end - 1`` over keys ``0 .. end - 1``, ``[b, n_h,
-    end - start, end]``, in float32: q.k / sqrt(h_d) plus the scheme's ``score_bias`` for
-    that query chunk (as ``biased_attention`` asks for it), causal mask, softmax."""
+    end - start, end]``, in float32, as the model attends for that query chunk: the scheme's
+    logits (``scheme_logits``: q.k / sqrt(h_d), its bias, ``modify_logits``), then its
+    ``attention_weights`` (the masked softmax, or a scheme's own, e.g. stick-breaking)."""
     end = q.shape[-2] if end is None else end
     q_chunk, k_prefix = q[:, :, start:end], k[:, :, :end]
-    logits = q_chunk.float() @ k_prefix.float().transpose(-2, -1) / math.sqrt(q.shape[-1])
-    bias = ctx.pe.score_bias(q_chunk, k_prefix, ctx.pos[start:end], ctx.pos[:end], attn.layer)
-    if bias is not None:
-        logits = logits + bias.float()
-    allowed = causal_allowed(end - start, end, q.device)
-    return logits.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+    pos = ctx.pos
+    logits = scheme_logits(ctx.pe, q_chunk, k_prefix, pos[start:end], pos[:end], attn.layer)
+    return ctx.pe.attention_weights(logits, causal_allowed(end - start, end, q.device))
 
 
 @dataclass

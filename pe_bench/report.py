@@ -43,6 +43,7 @@ from pe_bench.aggregate import METRICS, TASK_METRICS
 from pe_bench.errors import UserError
 from pe_bench.evaluate import MODES, PROBES, TASK_MODE
 from pe_bench.plots import TITLES
+from pe_bench.positions import scheme_family
 from pe_bench.results import (
     COMMANDS,
     CURVE,
@@ -313,7 +314,7 @@ def draw_figures(
     figures = {}
     with plots.theme():
         figures["length"] = plots.save(
-            plots.length_figure(tables[metric], style, metric, train_len, note),
+            plots.length_figure(tables[metric], style, metric, train_len, note, families(df)),
             folder,
             f"{metric}_vs_length",
         )
@@ -331,6 +332,18 @@ def draw_figures(
                 plots.curve_figure(curves, style, note), folder, "training_curves"
             )
     return figures
+
+
+def families(df: pd.DataFrame) -> dict[str, str]:
+    """The family of each label, for figures with too many lines for one panel: its trained
+    scheme's (``positions.scheme_family``), or "<scheme> at eval time" for a variant."""
+    keys = df[["label", "scheme", "variant"]].drop_duplicates("label")
+    return {
+        row.label: (
+            scheme_family(row.scheme) if row.variant == "none" else f"{row.scheme} at eval time"
+        )
+        for row in keys.itertuples()
+    }
 
 
 def print_summary(report: Report, df: pd.DataFrame, note: str) -> None:

@@ -170,12 +170,19 @@ def test_uniform_attention_has_the_textbook_distance_and_entropy(stream):
     assert found["windows"] == 2 and found["targets"] == 64
 
 
-@pytest.mark.parametrize("scheme", ["rope", "alibi", "t5", "xl", "cope", "yarn"])
+@pytest.mark.parametrize(
+    "scheme",
+    [
+        *("rope", "alibi", "t5", "xl", "cope", "yarn"),
+        *("dape_kerple", "ssmax_alibi", "fox", "stickbreaking", "rerope", "self_extend"),
+    ],
+)
 def test_the_weights_are_what_the_model_attends_with(scheme, stream):
     """Each layer's output recomputed from the probe's weights (softmax over the scheme's
     logits) and its values equals the layer's own output; chunks of queries give the same
     rows as the whole."""
-    model = with_variant(scheme) if scheme == "yarn" else tiny_model(scheme)
+    variant = scheme in ("yarn", "rerope", "self_extend")
+    model = with_variant(scheme) if variant else tiny_model(scheme)
     seen = []
 
     def keep(attn, args, output):

@@ -167,17 +167,70 @@ def _ci_band(ax, line: pd.DataFrame, x: str, color: str) -> None:
         )
 
 
+# Above this many lines one panel is unreadable: the length figure draws a panel per family.
+MAX_LINES = 16
+# Drawn faintly in every family's panel that lacks them, as landmarks to read the others by.
+LANDMARKS = ("nope", "rope", "alibi")
+
+
 def length_figure(
     stats: pd.DataFrame,
     style: dict[str, Style],
     metric: str,
     train_len: int,
     note: str = "",
+    families: dict[str, str] | None = None,
 ) -> Figure:
-    """``metric`` vs eval length, one line per label, 95% CI bands where n > 1."""
-    fig = Figure(figsize=(7.5, 4.2), layout="constrained")
-    ax = fig.subplots()
-    for lab, cell in stats[stats["n"] > 0].groupby("label", sort=False):
+    """``metric`` vs eval length, one line per label, 95% CI bands where n > 1. With more
+    than ``MAX_LINES`` labels and their ``families`` (label -> family), one panel per family
+    with its own legend, and the ``LANDMARKS`` drawn faintly in the panels without them."""
+    stats = stats[stats["n"] > 0]
+    labels = list(dict.fromkeys(stats["label"]))
+    if families is None or len(labels) <= MAX_LINES:
+        fig = Figure(figsize=(7.5, 4.2), layout="constrained")
+        ax = fig.subplots()
+        _length_lines(ax, stats, style, metric, train_len)
+        ax.set_title(f"{TITLES[metric]} vs evaluation length (trained at {train_len} tokens)")
+        _legend(fig, ax, style)
+        _footnote(fig, note)
+        return fig
+    groups: dict[str, list[str]] = {}
+    for lab in labels:
+        groups.setdefault(families.get(lab, "other"), []).append(lab)
+    ncols = min(3, len(groups))
+    nrows = math.ceil(len(groups) / ncols)
+    fig = Figure(figsize=(4.6 * ncols, 3.6 * nrows + 0.6), layout="constrained")
+    axes = fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False).ravel()
+    for ax, (family, members) in zip(axes, groups.items(), strict=False):
+        for lab in [m for m in LANDMARKS if m in labels and m not in members]:
+            cell = stats[stats["label"] == lab]
+            ax.plot(cell["eval_len"], cell["mean"], color="0.75", linewidth=1, zorder=0)
+            ax.annotate(
+                lab,
+                (cell["eval_len"].iloc[-1], cell["mean"].iloc[-1]),
+                fontsize=7,
+                color="0.6",
+                xytext=(2, 0),
+                textcoords="offset points",
+                va="center",
+            )
+        _length_lines(ax, stats[stats["label"].isin(members)], style, metric, train_len)
+        ax.set_title(family)
+        ax.legend(fontsize="x-small", frameon=False, ncols=1 + (len(members) > 8))
+    for ax in axes[len(groups) :]:
+        ax.set_visible(False)
+    fig.suptitle(
+        f"{TITLES[metric]} vs evaluation length (trained at {train_len} tokens), by family; "
+        f"grey: {', '.join(m for m in LANDMARKS if m in labels)}"
+    )
+    _footnote(fig, note)
+    return fig
+
+
+def _length_lines(ax, stats: pd.DataFrame, style: dict[str, Style], metric: str, train_len: int):
+    """The lines (with CI bands) of ``stats``' labels on ``ax``, its log2 length axis, the
+    training length and the metric's y axis."""
+    for lab, cell in stats.groupby("label", sort=False):
         ax.plot(cell["eval_len"], cell["mean"], label=lab, markersize=5, **style[lab].line())
         _ci_band(ax, cell, "eval_len", style[lab].color)
     _log2_lengths(ax, sorted(stats["eval_len"].unique()))
@@ -199,10 +252,6 @@ def length_figure(
         ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("evaluation length (tokens, log scale)")
     ax.set_ylabel(YLABELS[metric] + (" (log scale)" if metric == "ppl" else ""))
-    ax.set_title(f"{TITLES[metric]} vs evaluation length (trained at {train_len} tokens)")
-    _legend(fig, ax, style)
-    _footnote(fig, note)
-    return fig
 
 
 def task_figure(

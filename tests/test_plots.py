@@ -7,6 +7,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from PIL import Image
 
 from pe_bench import aggregate, plots
+from pe_bench.positions import scheme_family
 
 from .helpers import prepared, three_seeds
 
@@ -67,6 +68,40 @@ def test_length_figure_has_a_line_per_label_and_bands_where_seeds():
     assert lines[1].get_color() == plots.styles(["alibi"])["alibi"].color
     assert len(ax.collections) == 1  # a CI band for alibi (3 seeds), none for rope (1 seed)
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["rope", "alibi"]
+
+
+def test_thirty_labels_are_drawn_as_a_panel_per_family():
+    """The zoo's 30+ lines in one panel were unreadable: past MAX_LINES, one panel per family,
+    each with its own legend, and nope/rope/alibi drawn faintly where they are not members."""
+    labels = ["nope", "rope", "alibi", *(f"scheme{i}" for i in range(30))]
+    families = {lab: f"family{i % 3}" for i, lab in enumerate(labels)}
+    families |= {"nope": "absolute", "rope": "rotary", "alibi": "bias"}
+    rows = [
+        {"label": lab, "eval_len": length, "mean": 2.0 + i, "n": 1}
+        for i, lab in enumerate(labels)
+        for length in (16, 32)
+    ]
+    stats = pd.DataFrame(rows).assign(ci_low=float("nan"), ci_high=float("nan"))
+    fig = plots.length_figure(stats, plots.styles(labels), "ppl", 16, families=families)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert sorted(ax.get_title() for ax in panels) == sorted(set(families.values()))
+    for ax in panels:
+        members = [lab for lab in labels if families[lab] == ax.get_title()]
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == members
+        landmarks = [t.get_text() for t in ax.texts if t.get_text() in plots.LANDMARKS]
+        assert sorted(landmarks) == sorted(set(plots.LANDMARKS) - set(members))
+    few = plots.length_figure(
+        stats[stats["label"].isin(labels[:5])], plots.styles(labels), "ppl", 16, families=families
+    )
+    assert len(few.axes) == 1  # a handful of lines stay in one panel
+
+
+def test_scheme_families_come_from_the_classes():
+    assert scheme_family("rope") == scheme_family("xpos") == "rotary"
+    assert scheme_family("alibi") == scheme_family("t5") == "additive bias"
+    assert scheme_family("nope") == scheme_family("learned") == "absolute or none"
+    assert scheme_family("xl") == scheme_family("cope") == "content-dependent and gated"
+    assert scheme_family("not_imported_plugin") == "plugins"
 
 
 def test_position_figure_has_a_panel_per_eval_length():

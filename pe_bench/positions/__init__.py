@@ -49,6 +49,7 @@ __all__ = [
     "register",
     "registered",
     "scheme_class",
+    "scheme_family",
 ]
 
 ENTRY_POINT_GROUP = "pe_bench.positions"
@@ -173,6 +174,32 @@ def options_label(cfg: Mapping[str, Any]) -> str:
         if param.name in cfg and cfg[param.name] != param.default:
             parts.append(f"{param.name}={_short(cfg[param.name])}")
     return ",".join(parts)
+
+
+def scheme_family(name: str) -> str:
+    """The family a report groups a trained scheme in when it has too many lines for one
+    panel, from what the class is and which hooks it overrides (never from its name): rotary
+    (RoPE and its subclasses), additive bias (a content-free ``score_bias``), absolute or
+    none (embeddings, NoPE), content-dependent and gated (the rest); an unregistered
+    scheme's records (a plugin not imported) are plugins."""
+    from pe_bench.positions.rotary import RoPE
+
+    cls = registered().get(name)
+    if cls is None:
+        return "plugins"
+    if issubclass(cls, RoPE):
+        return "rotary"
+    if cls.score_bias is not PositionScheme.score_bias and not cls.content_bias:
+        return "additive bias"
+    attention_hooks = ("transform_qk", "rotate", "logit_scale", "score_bias", "modify_logits")
+    overridden = [h for h in (*attention_hooks, "attention_weights") if _overrides(cls, h)]
+    if _overrides(cls, "embed") or not overridden:
+        return "absolute or none"
+    return "content-dependent and gated"
+
+
+def _overrides(cls: type[PositionScheme], hook: str) -> bool:
+    return getattr(cls, hook) is not getattr(PositionScheme, hook)
 
 
 def _short(value: Any) -> str:

@@ -293,8 +293,8 @@ def _built(pe_cfg: dict[str, Any], cfg: RunConfig, prefix: str = "pe.") -> Posit
 
 
 def _variants(cfg: RunConfig, trained: PositionScheme) -> list[tuple[str, str, PositionScheme]]:
-    """(variant key, config hash, scheme) of every eval-time variant that applies to the trained
-    scheme (its ``variant_of`` names it); the others are left out."""
+    """(variant key, hash of its config and code, scheme) of every eval-time variant that applies
+    to the trained scheme (its ``variant_of`` names it); the others are left out."""
     variants = []
     for key, variant_cfg in (cfg.eval.variants or {}).items():
         where = f"eval.variants.{key}"
@@ -313,7 +313,11 @@ def _variants(cfg: RunConfig, trained: PositionScheme) -> list[tuple[str, str, P
             )
         if cls.variant_of == trained.name:
             check_shared_options(variant_cfg, cfg.pe, where)
-            variants.append((key, config_hash(variant_cfg), _built(variant_cfg, cfg, where + ".")))
+            variant = _built(variant_cfg, cfg, where + ".")
+            # its code is part of its identity, as a trained scheme's (pe_source): an edited
+            # plugin variant recomputes its records instead of finding the old ones
+            identity = {**variant_cfg, "source": source_hash(type(variant))}
+            variants.append((key, config_hash(identity), variant))
         else:  # not evaluated in this run, but a bad option is refused all the same
             options = {k: v for k, v in variant_cfg.items() if k not in META_KEYS}
             checked_options(cls, options, where + ".")

@@ -173,3 +173,34 @@ def test_editing_a_plugin_recomputes_its_records(tmp_path):
     after = load_records(tmp_path / "out")
     assert len(after) == len(before) and set(after["pe_source"]) != set(before["pe_source"])
     assert not after["nll"].equals(before["nll"])  # new code, new numbers
+
+
+VARIANT_PLUGIN = """
+from pe_bench.positions import register
+from pe_bench.positions.rotary import PositionInterpolation
+
+
+@register("edited_pi")
+class EditedPI(PositionInterpolation):
+    def inv_freq(self, seq_len):
+        return super().inv_freq(seq_len) * {scale}
+"""
+
+
+@pytest.mark.slow
+def test_editing_a_variant_plugin_recomputes_its_records(tmp_path):
+    """An eval-time variant's code is part of its records' identity too: after an edit its
+    records are recomputed (the trained model's are kept)."""
+    (tmp_path / "edited_pi.py").write_text(VARIANT_PLUGIN.format(scale=1.0))
+    args = ["pe=rope", "+eval.variants.edited={name:edited_pi,plugin:edited_pi}", *TINY]
+    env = {"PYTHONPATH": str(tmp_path)}
+    first = pe_bench(*args, out=tmp_path / "out", env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = load_records(tmp_path / "out").set_index(["variant", "eval_len"])["nll"]
+    (tmp_path / "edited_pi.py").write_text(VARIANT_PLUGIN.format(scale=0.5))
+    edited = pe_bench(*args, out=tmp_path / "out", env=env)
+    assert edited.returncode == 0, edited.stderr[-2000:]
+    after = load_records(tmp_path / "out").set_index(["variant", "eval_len"])["nll"]
+    assert after.index.equals(before.index)
+    assert after.drop("edited").equals(before.drop("edited"))  # the others: found, not redone
+    assert not after["edited"].equals(before["edited"])  # new code, new numbers

@@ -206,6 +206,8 @@ def pretrained(where: str) -> HFTokenizer:
             return HFTokenizer(f"{HF_PREFIX}{where}", lib.Tokenizer.from_file(str(file)))
         except Exception as err:  # the Rust side raises plain Exceptions
             raise UserError(f"data.tokenizer=hf:{where}: {file} is not a tokenizer: {err}") from err
+    if where.startswith(("/", ".", "~")) and not local.exists():
+        raise UserError(f"data.tokenizer=hf:{where}: no such file or folder")
     if local.is_dir():
         raise UserError(
             f"data.tokenizer=hf:{where}: the folder has no tokenizer.json; allowed: a folder "

@@ -116,6 +116,10 @@ def test_pretrained_tokenizer_from_a_local_folder(tmp_path):
     assert tok.count_bytes(ids) == len(text.encode())  # multi-byte characters counted exactly
     assert tok.token_bytes[backend.token_to_id("<|endoftext|>")] == 0  # no text
     assert build_tokenizer(f"hf:{folder / 'tokenizer.json'}").fingerprint == tok.fingerprint
+    with pytest.raises(UserError, match=r"hf:/no/such/folder: no such file or folder"):
+        build_tokenizer("hf:/no/such/folder")
+    with pytest.raises(UserError, match=r"the folder has no tokenizer.json"):
+        build_tokenizer(f"hf:{tmp_path}")
 
 
 def test_sentencepiece_tokens_count_their_bytes():

@@ -208,7 +208,10 @@ def load_checkpoint(path: Path, fingerprint: str) -> dict | None:
             f"checkpoint {path} cannot be read ({type(err).__name__}: {reason}); delete it, "
             "or rerun with force=true to train this run from scratch"
         ) from None
-    if state.get("fingerprint") != fingerprint:
+    # A checkpoint saved before fingerprints ended in the scheme's source hash is kept, as the
+    # records of then are (``RunStore``): its fingerprint is this one without that last part.
+    legacy = state.get("fingerprint") == fingerprint.rsplit("-", 1)[0]
+    if state.get("fingerprint") != fingerprint and not legacy:
         log.warning("%s belongs to another config; training from scratch", path)
         return None
     return state

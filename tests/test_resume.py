@@ -18,7 +18,7 @@ from pe_bench import cli, evaluate
 from pe_bench.errors import UserError
 from pe_bench.plan import plan
 from pe_bench.results import load_records, read_jsonl, write_jsonl
-from pe_bench.train import save_checkpoint
+from pe_bench.train import load_checkpoint, save_checkpoint
 
 from .helpers import TINY, pe_bench
 
@@ -367,3 +367,14 @@ def test_kill_anywhere_trials_end_equal_to_an_uninterrupted_run(tmp_path):
     summary = kill_anywhere.run_trials(tmp_path, trials=3, seed=1)
     assert summary.mismatches == [], summary.mismatches
     assert len(summary.trials) == 3
+
+
+def test_a_checkpoint_from_before_source_hashes_is_kept_as_its_records_are(tmp_path):
+    """Committed runs were trained before fingerprints ended in the scheme's source hash: their
+    checkpoints serve new eval-time variants instead of a retraining, like their records; any
+    other fingerprint still starts afresh."""
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, {"fingerprint": "rope-c7bc28a482f9-c17d741c64d6", "step": 600})
+    assert load_checkpoint(path, "rope-c7bc28a482f9-c17d741c64d6-0a1b2c3d4e5f")["step"] == 600
+    assert load_checkpoint(path, "rope-c7bc28a482f9-other0corpus-0a1b2c3d4e5f") is None
+    assert load_checkpoint(path, "alibi-c7bc28a482f9-c17d741c64d6-0a1b2c3d4e5f") is None

@@ -51,7 +51,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor
 
-from pe_bench import probes, tracking
+from pe_bench import hf, probes, tracking
 from pe_bench.data import Corpus, eval_stream, load_corpus
 from pe_bench.distributed import World, current_world, rank_from_env
 from pe_bench.errors import UserError
@@ -93,7 +93,10 @@ OmegaConf.register_new_resolver("run_dir", run_dir_name, replace=True)
 
 def run(cfg: DictConfig | RunConfig, out_dir: Path) -> list[dict[str, Any]]:
     """Train the configured model, evaluate it at every eval length, write ``out_dir`` records;
-    then the same for each fine-tune of it. Returns every record of the run (cached included)."""
+    then the same for each fine-tune of it. Returns every record of the run (cached included).
+    A pretrained model (``model=hf``) is evaluated without training (``pe_bench.hf``)."""
+    if isinstance(cfg, DictConfig) and hf.is_pretrained(cfg):
+        return hf.run(cfg, out_dir)
     job = plan(cfg)
     world, device = _world_and_device(job.device)
     with job_lock(out_dir, take=world.main):  # torchrun: rank 0 holds it for every rank

@@ -38,7 +38,7 @@ from typing import Any
 import pandas as pd
 from omegaconf import OmegaConf
 
-from pe_bench import aggregate, compare, plots, probe_report
+from pe_bench import aggregate, compare, passkey, plots, probe_report
 from pe_bench.aggregate import METRICS, TASK_METRICS
 from pe_bench.errors import UserError
 from pe_bench.evaluate import MODES, PROBES, TASK_MODE
@@ -93,7 +93,7 @@ def record_problem(record: dict) -> str:
         return f"status {status!r} is not one of {', '.join(STATUSES)}"
     task = record.get("mode") == TASK_MODE
     needed = {**REQUIRED, **(TASK_FIELDS if task else {})}
-    if status == "ok" and record.get("mode") not in PROBES:
+    if status == "ok" and record.get("mode") not in (*PROBES, passkey.MODE):
         needed |= TASK_NUMBERS if task else NUMBERS
     for name, types in needed.items():
         value = record.get(name)
@@ -148,6 +148,7 @@ class Report:
     comparison: compare.Comparison | None = None
     skipped: pd.DataFrame = field(default_factory=pd.DataFrame)  # skipped_evaluations rows
     context: probe_report.ContextUse | None = None  # the context-use probes' section
+    passkey: list[str] = field(default_factory=list)  # the passkey section's markdown lines
     tokenizers: str = ""  # what the report says when the records mix tokenizers
 
 
@@ -177,7 +178,8 @@ def build_report(
         check_one_kind(root, checked)
         return build_task_report(root, out, checked, options, echo)
     published = compare.load_published(options.compare) if options.compare else None
-    perplexity = checked[~checked["mode"].isin(PROBES)]  # probe records: their own section
+    # probe and passkey records: their own sections
+    perplexity = checked[~checked["mode"].isin([*PROBES, passkey.MODE])]
     df = aggregate.prepare(perplexity, options.mode, options.schemes)
     options = options.resolve(df)
     report = Report(out / "report.md", options, skipped=aggregate.skipped_evaluations(df))
@@ -197,6 +199,7 @@ def build_report(
         write_tables(out / "tables", report)
         report.figures = draw_figures(out / "figures", root, df, report.tables, options, note)
         probe_report.write(report.context, out, plots.styles(aggregate.label_order(df)))
+        report.passkey = passkey.section(checked, out)
         atomic_write_text(report.path, markdown_report(root, out, df, report, diverged))
     if echo:
         print_summary(report, df, note)
@@ -594,6 +597,7 @@ def markdown_report(
         *(comparison_markdown(report.comparison, df) if report.comparison is not None else []),
         *figures_markdown(report, out),
         *probe_report.markdown(report.context, out),
+        *report.passkey,
         *diverged_markdown(diverged),
         *skipped_markdown(report.skipped),
         "## Runs",

@@ -27,6 +27,7 @@ report shows a table (accuracy and interval per label and length) and a depth x 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import random
@@ -190,7 +191,7 @@ def greedy(
     x = torch.tensor([ids], device=device)
     with autocast(device):  # as perplexity is scored: bf16 on a GPU, float32 on the CPU
         out = model(input_ids=x, use_cache=True, logits_to_keep=1)
-    eos = model.config.eos_token_id
+    eos, cache = model.config.eos_token_id, cache_keyword(model)
     stops = set(eos if isinstance(eos, list) else [eos])
     new: list[int] = []
     for _ in range(max_new):
@@ -202,8 +203,14 @@ def greedy(
             break
         x = torch.tensor([[token]], device=device)
         with autocast(device):
-            out = model(input_ids=x, cache=out.cache, use_cache=True)
+            out = model(input_ids=x, use_cache=True, **{cache: getattr(out, cache)})
     return decode(new)
+
+
+def cache_keyword(model: nn.Module) -> str:
+    """The KV cache's keyword and output field: ``cache`` in recent transformers 5 (which
+    deprecates ``past_key_values``), ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def wilson(hits: int, n: int) -> tuple[float, float]:

@@ -626,6 +626,15 @@ def summary_markdown(
 ) -> str:
     """The report's opening paragraph: the models, the training and the evaluation."""
     lengths = ", ".join(str(n) for n in sorted(stats["eval_len"].unique()))
+    if "pretrained" in runs and runs["pretrained"].fillna(False).all():  # model=hf: pe_bench.hf
+        return (
+            f"Pretrained {', '.join(dict.fromkeys(runs['model']))} (context L = "
+            f"{training_length(df)} tokens), not trained here, evaluated on `"
+            f"{shared_value(df, 'corpus')}` with {opts.mode} windows of {lengths} tokens on "
+            f"{len(runs)} disjoint test slices of {shared_count(df, 'tokens')} tokens each (the "
+            "seeds of the tables: their intervals are over slices). A label `model+variant` is "
+            "an eval-time RoPE variant applied to the pretrained model."
+        )
     return (
         f"{len(runs)} trained models ({', '.join(dict.fromkeys(runs['scheme']))}; seeds "
         f"{distinct(runs, 'seed')}), trained at L = {training_length(df)} tokens on "

@@ -558,6 +558,8 @@ def run(cfg: DictConfig, out_dir: Path) -> list[dict[str, Any]]:
     from pe_bench import passkey
 
     job = parse(cfg)
+    if job.eval.probes:
+        log.info("eval.probes (%s): not run on a pretrained model", ", ".join(job.eval.probes))
     hf_config = load_config(job.model)
     spec = rope_spec(hf_config, job.model.train_len, job.model.name)
     variants = build_variants(job.eval, spec)

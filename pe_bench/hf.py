@@ -27,9 +27,10 @@ and pe-bench follows it (an ``attention_factor`` goes on cos and sin, not on q).
 
 The confidence intervals of a pretrained model are over ``model.test_slices`` disjoint slices
 of the test split (one model, so no seeds): slice k is scored as its own run, with ``seed`` =
-``test_slice`` = k, so the report's intervals over seeds are intervals over slices. Bits per
-byte divide by the UTF-8 bytes of exactly the scored targets (the text between the end of the
-first input token and the end of the last target, from the tokenizer's offsets).
+``test_slice`` = k, so the report's intervals over seeds are intervals over slices (the run
+id is ``<model>-<hash>:slice-<k>``, one job folder for the model). The corpus is tokenized by
+the model's tokenizer behind ``pe_bench.tokenizer``'s interface, as any tokenized run: bits
+per byte divide by the summed UTF-8 bytes of exactly the scored targets (``target_bytes``).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ from pe_bench.positions import META_KEYS, ModelDims, PositionScheme, build_schem
 from pe_bench.positions.rotary import RoPE
 from pe_bench.results import make_record, provenance
 from pe_bench.store import RunStore, job_lock
+from pe_bench.tokenizer import HF_PREFIX, HFTokenizer
 from pe_bench.train import resolve_device
 
 log = logging.getLogger(__name__)
@@ -126,54 +128,53 @@ def _load_error(what: str, name: str, err: BaseException) -> UserError:
 
 @dataclass(frozen=True)
 class TokenStream:
-    """Token ids of a text, with the UTF-8 byte offset where each token's text ends."""
+    """Token ids of a text, with the UTF-8 bytes of the text up to the end of each token."""
 
     ids: Tensor  # [n] int64
     byte_ends: Tensor  # [n] int64
 
     def target_bytes(self, start: int, stop: int) -> int:
-        """UTF-8 bytes of the text of targets ``start + 1 .. stop`` (a window scoring the
-        targets after input ``start`` up to token ``stop``): text between their ends."""
+        """UTF-8 bytes of targets ``start + 1 .. stop`` (a window scoring the targets after
+        input ``start`` up to token ``stop``): the sum of those tokens' own bytes."""
         return int(self.byte_ends[stop] - self.byte_ends[start])
 
 
 def load_tokenizer(name: str, revision: str | None = None) -> Any:
-    """The model's own (fast) tokenizer. A swap point: pe_bench.tokenize's ``hf:`` tokenizer
-    can stand in once it gives offsets."""
+    """The model's own tokenizer (at ``revision``, as the weights): passkey prompts are encoded
+    with its special tokens, as the originals' pipelines do, and answers decoded by it."""
     transformers = _transformers()
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(name, revision=revision)
+        return transformers.AutoTokenizer.from_pretrained(name, revision=revision)
     except Exception as err:
         raise _load_error("tokenizer", name, err) from err
+
+
+def corpus_tokenizer(tokenizer: Any, name: str) -> HFTokenizer:
+    """The model's tokenizer behind pe-bench's interface (``pe_bench.tokenizer``): the corpus's
+    ids (no special tokens), each token's UTF-8 bytes for bits per byte, and the name, size and
+    fingerprint that records carry for every tokenized run."""
     if not tokenizer.is_fast:
-        raise UserError(f"{name}: pe-bench needs a fast tokenizer (tokenizer.json) for offsets")
-    return tokenizer
+        raise UserError(f"{name}: pe-bench reads a fast tokenizer (tokenizer.json); it has none")
+    return HFTokenizer(f"{HF_PREFIX}{name}", tokenizer.backend_tokenizer)
 
 
-def tokenizer_fields(tokenizer: Any, name: str) -> dict[str, Any]:
-    """What records say about the tokenizer: name, vocabulary size and a hash of its file."""
-    blob = tokenizer.backend_tokenizer.to_str().encode()
+def tokenizer_fields(tokenizer: HFTokenizer) -> dict[str, Any]:
+    """What records say about the tokenizer (the fields of pe-bench's tokenized runs)."""
     return {
-        "tokenizer": f"hf:{name}",
-        "tokenizer_vocab": len(tokenizer),
-        "tokenizer_sha": hashlib.sha256(blob).hexdigest(),
+        "tokenizer": tokenizer.name,
+        "tokenizer_vocab": tokenizer.vocab_size,
+        "tokenizer_sha": tokenizer.fingerprint,
     }
 
 
-def encode(tokenizer: Any, text: str) -> TokenStream:
-    """``text`` as tokens (no special tokens) with their byte ends, from the char offsets."""
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    code_points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-    widths = 1 + (code_points >= 0x80) + (code_points >= 0x800) + (code_points >= 0x10000)
-    char_to_byte = np.concatenate([[0], np.cumsum(widths)])  # byte offset of each char
-    ends = np.maximum.accumulate([end for _, end in enc["offset_mapping"]] or [0])
-    return TokenStream(
-        torch.tensor(enc["input_ids"], dtype=torch.long),
-        torch.from_numpy(char_to_byte[ends].astype(np.int64)),
-    )
+def encode(tokenizer: HFTokenizer, text: str) -> TokenStream:
+    """``text`` as tokens with their byte ends (the running sum of the tokens' bytes)."""
+    ids = tokenizer.encode(text)
+    ends = np.cumsum(tokenizer.token_bytes[ids]) if len(ids) else np.zeros(0, dtype=np.int64)
+    return TokenStream(torch.from_numpy(ids), torch.from_numpy(ends.astype(np.int64)))
 
 
-def encode_prefix(tokenizer: Any, data: bytes, n_tokens: int, what: str) -> TokenStream:
+def encode_prefix(tokenizer: HFTokenizer, data: bytes, n_tokens: int, what: str) -> TokenStream:
     """The first ``n_tokens`` tokens of UTF-8 ``data`` (invalid bytes replaced), tokenizing a
     growing prefix; a margin of tokens is dropped at the cut so that it cannot change them."""
     margin, size = 256, max(4096, 8 * n_tokens)
@@ -577,7 +578,8 @@ def run(cfg: DictConfig, out_dir: Path) -> list[dict[str, Any]]:
     with job_lock(out_dir):
         corpus = load_corpus(job.data)
         tokenizer = load_tokenizer(job.model.name, job.model.revision)
-        token_fields = tokenizer_fields(tokenizer, job.model.name)
+        corpus_tokens = corpus_tokenizer(tokenizer, job.model.name)
+        token_fields = tokenizer_fields(corpus_tokens)
         store = RunStore(
             out_dir,
             [job.run_id(k) for k in slices],
@@ -596,7 +598,7 @@ def run(cfg: DictConfig, out_dir: Path) -> list[dict[str, Any]]:
         store.write_config(job.yaml)
         passkey.check_lengths(tokenizer.encode, [t.eval_len for t in pk_todo])
         test = corpus.splits["test"].numpy().tobytes()
-        stream = encode_prefix(tokenizer, test, len(slices) * n_targets + 1, corpus.name)
+        stream = encode_prefix(corpus_tokens, test, len(slices) * n_targets + 1, corpus.name)
         model = load_model(job.model, job.device)
         fields = _run_fields(job, model, spec, corpus) | token_fields
         log.info(

@@ -23,7 +23,7 @@ from pe_bench.positions.rotary import RoPE
 from pe_bench.results import RECORDS, read_jsonl
 
 from .helpers import compose
-from .hf_helpers import ARCHS, CONTEXT, tiny_checkpoint, tiny_tokenizer
+from .hf_helpers import ARCHS, CONTEXT, tiny_checkpoint
 
 # The stated tolerance of "the same logits": float32 frequencies computed two ways (HF's
 # float32 powers, pe-bench's float64 ones rounded) differ by an ulp, which moves the angles
@@ -171,17 +171,20 @@ def test_a_model_that_already_scales_its_rope_is_refused(loaded):
         hf.rope_spec(scaled, None, "scaled")
 
 
-def test_bits_per_byte_counts_the_scored_targets_own_bytes():
-    tokenizer = tiny_tokenizer()
+def test_bits_per_byte_counts_the_scored_targets_own_bytes(checkpoints):
+    auto = hf.load_tokenizer(checkpoints["llama"])
+    tokenizer = hf.corpus_tokenizer(auto, checkpoints["llama"])
     text = "The pass key is 42. Ünïcödé — 🙂 and more text.\n" * 3
     stream = hf.encode(tokenizer, text)
-    assert stream.ids.tolist() == tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert stream.ids.tolist() == auto(text, add_special_tokens=False)["input_ids"]
     assert int(stream.byte_ends[-1]) == len(text.encode())
     # the targets after token 0 up to the last: every byte but the first token's
-    first = len(tokenizer.decode(stream.ids[:1]).encode())
+    first = len(auto.decode(stream.ids[:1]).encode())
     assert stream.target_bytes(0, len(stream.ids) - 1) == len(text.encode()) - first
     prefix = hf.encode_prefix(tokenizer, text.encode(), 10, "test")
     assert prefix.ids.tolist() == stream.ids[:10].tolist()
+    fields = hf.tokenizer_fields(tokenizer)
+    assert fields["tokenizer"] == f"hf:{checkpoints['llama']}" and fields["tokenizer_vocab"] == 300
 
 
 def test_an_unknown_model_offline_is_one_line(monkeypatch):

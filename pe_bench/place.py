@@ -25,7 +25,8 @@ from typing import NoReturn
 
 from pe_bench.errors import UserError
 from pe_bench.positions import load_plugin, scheme_class
-from pe_bench.results import COMMANDS, load_records
+from pe_bench.results import COMMANDS, atomic_write_text, load_records
+from pe_bench.sweep import plugin_pythonpath
 
 # Overrides of a committed command that a placement sets itself.
 OWN_KEYS = ("pe", "train.seed", "out_root", "name", "hydra.sweep.dir")
@@ -45,9 +46,11 @@ def protocol_overrides(onto: Path) -> list[str]:
         )
     found = set()
     for line in path.read_text().splitlines():
-        words = shlex.split(line)
+        words = shlex.split(line, comments=True)
+        if "pe-bench" not in words:  # an earlier placement's own line
+            continue
         words = words[words.index("pe-bench") + 1 :]  # drop a PYTHONPATH= prefix
-        kept = [w for w in words if w != "-m" and w.split("=", 1)[0].lstrip("+~") not in OWN_KEYS]
+        kept = [w for w in words if w != "-m" and not _own(w.split("=", 1)[0].lstrip("+~"))]
         found.add(tuple(kept))
     if len(found) != 1:
         listed = "; ".join(" ".join(f) for f in sorted(found))
@@ -56,6 +59,11 @@ def protocol_overrides(onto: Path) -> list[str]:
             "folder of one protocol"
         )
     return list(found.pop())
+
+
+def _own(key: str) -> bool:
+    """Whether a placement sets override ``key`` itself (the scheme and its options too)."""
+    return key in OWN_KEYS or key.startswith("pe.")
 
 
 def committed_seeds(onto: Path) -> list[int]:
@@ -105,6 +113,7 @@ def place(
     overrides = protocol_overrides(onto)
     seeds = ",".join(map(str, committed_seeds(onto)))
     copy_records(onto, out)
+    log_placement(out, scheme, onto, options, plugin, searchpath)
     command = [
         *overrides,
         *scheme_overrides(scheme, options, plugin),
@@ -114,6 +123,28 @@ def place(
     ]
     print(f"pe-bench-place: pe-bench -m {shlex.join(command)}", flush=True)
     return subprocess.run([sys.executable, "-m", "pe_bench.cli", "-m", *command]).returncode
+
+
+def log_placement(
+    out: Path,
+    scheme: str,
+    onto: Path,
+    options: list[str],
+    plugin: str | None,
+    searchpath: str | None,
+) -> None:
+    """This command in ``out``'s ``COMMANDS``, before the sweep's own line, so that the
+    report's Reproduce section starts from the copy of the committed records."""
+    args = [scheme, "--onto", str(onto), *(a for o in options for a in ("--option", o))]
+    args += [*(["--plugin", plugin] if plugin else []), "--out", str(out)]
+    args += ["--searchpath", searchpath] if searchpath else []
+    pythonpath = plugin_pythonpath({"pe": {"plugin": plugin}}) if plugin else ""
+    prefix = f"PYTHONPATH={shlex.quote(pythonpath)} " if pythonpath else ""
+    line = f"{prefix}{shlex.join(['pe-bench-place', *args])}  # copies {onto}'s records, then:"
+    path = out / COMMANDS
+    lines = path.read_text().splitlines() if path.exists() else []
+    if line not in lines:
+        atomic_write_text(path, "".join(f"{x}\n" for x in [*lines, line]))
 
 
 class _OneLineParser(argparse.ArgumentParser):

@@ -112,9 +112,11 @@ class SweepCallback(Callback):
 
 
 def searchpath(hydra_overrides: list[str]) -> list[str]:
-    """The ``hydra.searchpath=...`` overrides among Hydra's own: a command that finds a
-    plugin's YAML through one cannot be rerun without it."""
-    return [o for o in hydra_overrides if o.split("=", 1)[0] == "hydra.searchpath"]
+    """The ``hydra.searchpath=...`` and ``hydra.sweep.dir=...`` overrides among Hydra's own: a
+    command that finds a plugin's YAML through the one, or writes where the other says,
+    cannot be rerun without them."""
+    kept = ("hydra.searchpath", "hydra.sweep.dir")
+    return [o for o in hydra_overrides if o.split("=", 1)[0] in kept]
 
 
 def log_command(sweep_dir: Path, overrides: list[str]) -> str:

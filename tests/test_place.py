@@ -24,6 +24,8 @@ def test_the_protocol_is_the_committed_command_less_scheme_seed_and_outputs(tmp_
     (tmp_path / "commands.txt").write_text(
         "pe-bench -m experiment=quick out_root=results\n"
         "PYTHONPATH=x pe-bench -m experiment=quick train.seed=1,2 out_root=results\n"
+        "pe-bench-place x --onto results/quick --out y  # copies results/quick's records, then:\n"
+        "pe-bench -m experiment=quick pe=nope pe.name=x train.seed=0,1,2 hydra.sweep.dir=y\n"
     )
     assert protocol_overrides(tmp_path) == ["experiment=quick"]
     (tmp_path / "commands.txt").write_text(
@@ -69,6 +71,9 @@ def test_a_plugin_is_placed_beside_a_committed_sweep_without_retraining_it(tmp_p
     assert not any(committed.rglob("*.pt"))  # nothing written into the committed folder
     report = (out / "report.md").read_text()
     assert "| my_pe" in report and "| alibi" in report
-    assert "PYTHONPATH=" in report.split("## Reproduce")[1]
+    reproduce = report.split("## Reproduce")[1]
+    where = os.path.relpath(EXAMPLE)  # the plugin's folder, relative to the working one
+    assert f"PYTHONPATH={where} pe-bench-place my_pe --onto {committed}" in reproduce
+    assert f"hydra.sweep.dir={out}" in reproduce  # the sweep's line says where it wrote
     again = subprocess.run(place, capture_output=True, text=True, env=env, timeout=600)
     assert again.returncode == 0 and "records are there" in again.stdout + again.stderr

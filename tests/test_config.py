@@ -8,6 +8,7 @@ from typing import Annotated
 import pytest
 from hydra.errors import ConfigCompositionException
 
+from pe_bench import hf
 from pe_bench.config import Range, check_value, from_node
 from pe_bench.data import check_config, load_corpus
 from pe_bench.errors import UserError
@@ -42,6 +43,10 @@ def test_every_experiment_composes_and_builds(experiment):
     fine-tunes served, data config valid (remote datasets are not downloaded). The plan builds
     no model, so the GPU-sized experiments plan in no memory."""
     cfg = compose(f"experiment={experiment}", hydra=True)
+    if hf.is_pretrained(cfg):  # a pretrained model: parsed (nothing trained, nothing loaded)
+        job = hf.parse(cfg)
+        assert job.model.name and job.eval.variants
+        return
     swept = (cfg.hydra.sweeper.get("params") or {}).get("pe")
     for scheme in swept.split(",") if swept else [cfg.pe.name]:
         job = compose(f"experiment={experiment}", f"pe={scheme}", hydra=True)

@@ -189,6 +189,8 @@ def test_bits_per_byte_counts_the_scored_targets_own_bytes(checkpoints):
 
 def test_an_unknown_model_offline_is_one_line(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # the hub reads the variable once, at import: an earlier test may have imported it
+    monkeypatch.setattr(pytest.importorskip("huggingface_hub").constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(UserError) as caught:
         hf.load_config(hf.HFConfig(name="no-such-org/no-such-model-pe-bench"))
     message = str(caught.value)

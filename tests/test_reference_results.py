@@ -17,6 +17,7 @@ RESULTS = Path(__file__).parents[1] / "results"
 COMMITTED = sorted(p for p in RESULTS.glob("*") if p.is_dir() and any(p.rglob("records.jsonl")))
 
 
+@pytest.mark.slow  # 30 s for the nine committed folders: the full suite (CI) runs it
 @pytest.mark.parametrize("folder", COMMITTED or [None], ids=lambda p: p.name if p else "none")
 def test_committed_report_regenerates(folder, tmp_path):
     if folder is None:

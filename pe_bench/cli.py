@@ -172,10 +172,14 @@ class RunContext:
 
     def fit_args(self, run_id: str, finetune: str | None = None) -> dict[str, Any]:
         """``fit``'s checkpointing and process arguments for a run id (or a fine-tune's)."""
-        tokens = "" if self.tokenizer.name == BYTE else f"-{self.tokenizer.fingerprint}"
+        byte = self.tokenizer.name == BYTE
+        tokens = "" if byte else f"-{self.tokenizer.fingerprint}"
         return {
             "checkpoint": self.store.checkpoint(finetune),
             "fingerprint": f"{run_id}-{self.corpus.sha}-{self.job.pe_source}{tokens}",
+            # saved before fingerprints carried the source hash (bytes only, then): kept, as
+            # the records of then are (``RunStore``)
+            "legacy_fingerprint": f"{run_id}-{self.corpus.sha}" if byte else "",
             "world": self.world,
             "resume": not self.job.cfg.force,
         }

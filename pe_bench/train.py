@@ -190,8 +190,9 @@ def save_checkpoint(path: Path, state: dict) -> None:
     atomic_write(path, lambda f: torch.save(state, f))
 
 
-def load_checkpoint(path: Path, fingerprint: str) -> dict | None:
-    """The checkpoint at ``path`` if it belongs to this run (same ``fingerprint``), else None.
+def load_checkpoint(path: Path, fingerprint: str, legacy_fingerprint: str = "") -> dict | None:
+    """The checkpoint at ``path`` if it belongs to this run (its ``fingerprint``, or the one
+    an older version of pe-bench gave it, ``legacy_fingerprint``), else None.
 
     An unreadable one stops the run with one line naming it: pe-bench's own writes are atomic,
     so a cut-short file means something outside the run (a full disk, a copy cut short) that
@@ -208,10 +209,7 @@ def load_checkpoint(path: Path, fingerprint: str) -> dict | None:
             f"checkpoint {path} cannot be read ({type(err).__name__}: {reason}); delete it, "
             "or rerun with force=true to train this run from scratch"
         ) from None
-    # A checkpoint saved before fingerprints ended in the scheme's source hash is kept, as the
-    # records of then are (``RunStore``): its fingerprint is this one without that last part.
-    legacy = state.get("fingerprint") == fingerprint.rsplit("-", 1)[0]
-    if state.get("fingerprint") != fingerprint and not legacy:
+    if state.get("fingerprint") not in {fingerprint, legacy_fingerprint or fingerprint}:
         log.warning("%s belongs to another config; training from scratch", path)
         return None
     return state
@@ -226,6 +224,7 @@ def fit(
     on_log: Callable[[dict], None] | None = None,
     checkpoint: Path | None = None,
     fingerprint: str = "",
+    legacy_fingerprint: str = "",
     world: World | None = None,
     resume: bool = True,
 ) -> TrainResult:
@@ -247,7 +246,11 @@ def fit(
     optimizer = make_optimizer(model, cfg)
     generator = torch.Generator().manual_seed(cfg.seed)
     result, first_step, elapsed = TrainResult(), 0, 0.0
-    state = load_checkpoint(checkpoint, fingerprint) if checkpoint and resume else None
+    state = (
+        load_checkpoint(checkpoint, fingerprint, legacy_fingerprint)
+        if checkpoint and resume
+        else None
+    )
     if state:
         _restore(state, model, optimizer, generator)
         result.curve, first_step, elapsed = state["curve"], state["step"], state["elapsed"]
@@ -388,7 +391,7 @@ def finetune(
 ) -> tuple[GPT, TrainResult]:
     """A copy of the trained ``model`` trained further with ``cfg`` (a ``FinetuneConfig``'s
     ``train_config``) and ``scheme``; the trained model stays as it is. ``fit_args`` go to
-    ``fit`` (checkpoint, fingerprint, world, resume)."""
+    ``fit`` (checkpoint, fingerprints, world, resume)."""
     tuned = copy.deepcopy(model)
     swap_scheme(tuned, scheme)
     return tuned, fit(tuned, corpus, cfg, device, **fit_args)

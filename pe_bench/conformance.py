@@ -53,14 +53,14 @@ import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 import yaml
 from torch import Tensor
 
 from pe_bench.attention import attention_logits, causal_allowed
-from pe_bench.errors import UserError
+from pe_bench.errors import OneLineParser, UserError
 from pe_bench.model import GPT, ModelConfig, seeded_scheme
 from pe_bench.positions import (
     ModelDims,
@@ -736,14 +736,6 @@ def _option(text: str) -> tuple[str, Any]:
 MAX_TRAIN_LEN = 4096  # the kit checks up to 3x the training length on a tiny model
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse that reports a bad argument in one line (not usage + error) with status 2."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
 def _train_len(text: str) -> int:
     """``--train-len``: an integer from 1 to ``MAX_TRAIN_LEN``."""
     try:
@@ -759,7 +751,7 @@ def main(argv: list[str] | None = None) -> None:
     """``pe-bench-check``: every check on one scheme, PASS/FAIL per check; a bad argument (an
     unknown scheme or option, an option of the wrong type or range, a plugin that does not
     import) is one line with status 2, never a failed check blamed on the scheme."""
-    parser = _OneLineParser(
+    parser = OneLineParser(
         prog="pe-bench-check",
         description="Check that a position scheme keeps the contract of pe-bench's model.",
     )

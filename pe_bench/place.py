@@ -14,19 +14,22 @@ Rerunning the command resumes: finished runs are found, not retrained.
 
 from __future__ import annotations
 
-import argparse
 import importlib.resources
 import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import NoReturn
 
-from pe_bench.errors import UserError
+from pe_bench.errors import OneLineParser, UserError
 from pe_bench.positions import load_plugin, scheme_class
-from pe_bench.results import COMMANDS, atomic_write_text, load_records
-from pe_bench.sweep import plugin_pythonpath
+from pe_bench.results import COMMANDS, load_records
+from pe_bench.sweep import (
+    command_lines,
+    plugin_pythonpath,
+    with_pythonpath_prefix,
+    write_command_lines,
+)
 
 # Overrides of a committed command that a placement sets itself.
 OWN_KEYS = ("pe", "train.seed", "out_root", "name", "hydra.sweep.dir")
@@ -38,14 +41,13 @@ NOT_COPIED = ("report.md", "tables", "figures", "*.pt", "wandb", ".lock", ".done
 def protocol_overrides(onto: Path) -> list[str]:
     """The overrides of the sweeps that made ``onto``'s records, less the scheme, the seeds
     and where outputs go (the same in every sweep of the folder, or a ``UserError``)."""
-    path = onto / COMMANDS
-    if not path.exists():
+    if not (onto / COMMANDS).exists():
         raise UserError(
             f"{onto} has no {COMMANDS}: pe-bench-place needs the folder of a committed sweep "
             "(e.g. results/quick)"
         )
     found = set()
-    for line in path.read_text().splitlines():
+    for line in command_lines(onto):
         words = shlex.split(line, comments=True)
         if "pe-bench" not in words:  # an earlier placement's own line
             continue
@@ -139,22 +141,15 @@ def log_placement(
     args += [*(["--plugin", plugin] if plugin else []), "--out", str(out)]
     args += ["--searchpath", searchpath] if searchpath else []
     pythonpath = plugin_pythonpath({"pe": {"plugin": plugin}}) if plugin else ""
-    prefix = f"PYTHONPATH={shlex.quote(pythonpath)} " if pythonpath else ""
-    line = f"{prefix}{shlex.join(['pe-bench-place', *args])}  # copies {onto}'s records, then:"
-    path = out / COMMANDS
-    lines = path.read_text().splitlines() if path.exists() else []
+    command = with_pythonpath_prefix(shlex.join(["pe-bench-place", *args]), pythonpath)
+    line = f"{command}  # copies {onto}'s records, then:"
+    lines = command_lines(out)
     if line not in lines:
-        atomic_write_text(path, "".join(f"{x}\n" for x in [*lines, line]))
-
-
-class _OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        sys.exit(2)
+        write_command_lines(out, [*lines, line])
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = _OneLineParser(
+    parser = OneLineParser(
         prog="pe-bench-place",
         description="Train a scheme under a committed experiment's protocol and report it "
         "beside the committed schemes.",

@@ -123,13 +123,28 @@ def log_command(sweep_dir: Path, overrides: list[str]) -> str:
     """Add this sweep's command to the folder's ``COMMANDS`` (Hydra's multirun.yaml keeps only
     the last sweep's): a report of a folder that several sweeps filled, say seeds 1,2 added to a
     seed-0 suite, lists every command that made its records. Returns the command."""
-    path = sweep_dir / COMMANDS
-    known = path.read_text().splitlines() if path.exists() else []
+    known = command_lines(sweep_dir)
     command = sweep_command(overrides)
     logged = [line for line in known if line == command or line.endswith(f" {command}")]
     if not logged:  # (a line with a PYTHONPATH= prefix is this command too)
-        atomic_write_text(path, "".join(f"{line}\n" for line in [*known, command]))
+        write_command_lines(sweep_dir, [*known, command])
     return logged[0] if logged else command
+
+
+def command_lines(folder: Path) -> list[str]:
+    """The lines of ``folder``'s ``COMMANDS`` (none when it has no such file)."""
+    path = folder / COMMANDS
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def write_command_lines(folder: Path, lines: list[str]) -> None:
+    """Replace ``folder``'s ``COMMANDS`` with ``lines``, whole."""
+    atomic_write_text(folder / COMMANDS, "".join(f"{line}\n" for line in lines))
+
+
+def with_pythonpath_prefix(command: str, pythonpath: str) -> str:
+    """``command`` run with ``PYTHONPATH=pythonpath`` ('' leaves it as it is)."""
+    return f"PYTHONPATH={shlex.quote(pythonpath)} {command}" if pythonpath else command
 
 
 def plugin_pythonpath(config: DictConfig) -> str:
@@ -157,12 +172,10 @@ def plugin_pythonpath(config: DictConfig) -> str:
 def with_pythonpath(sweep_dir: Path, command: str, pythonpath: str) -> str:
     """This sweep's line in ``COMMANDS``, ``command``, prefixed with ``PYTHONPATH=...`` (its
     plugins are found through it); returns the new line."""
-    prefixed = f"PYTHONPATH={shlex.quote(pythonpath)} {command[command.index('pe-bench') :]}"
-    path = sweep_dir / COMMANDS
-    lines = path.read_text().splitlines() if path.exists() else []
+    prefixed = with_pythonpath_prefix(command[command.index("pe-bench") :], pythonpath)
+    lines = command_lines(sweep_dir)
     if prefixed not in lines:
-        lines = [line for line in lines if line != command] + [prefixed]
-        atomic_write_text(path, "".join(f"{line}\n" for line in lines))
+        write_command_lines(sweep_dir, [line for line in lines if line != command] + [prefixed])
     return prefixed
 
 

@@ -6,7 +6,8 @@ puts accuracies and perplexities side by side. It writes::
 
     report.md                                  what was run, the tables, figures, provenance
     tables/<task>_{exact_match,token_acc}.*    mean over seeds and 95% CI per label x length
-    tables/<task>_pairwise.csv, _ranks.*       paired differences of exact match, ranks
+    tables/<task>_<metric>_pairwise.csv        paired differences of each metric
+    tables/<task>_<metric>_ranks.*             ranks the seeds support
     tables/mrr.csv|md                          rank per task and mean reciprocal rank
     figures/{exact_match,token_acc}_vs_length  one panel per task
 
@@ -75,13 +76,13 @@ def build_task_report(
     report = Report(out / "report.md", options, skipped=aggregate.skipped_evaluations(df))
     for task, rows in per_task.items():
         for metric in TASK_METRICS:
-            report.tables[f"{task}_{metric}"] = aggregate.seed_stats(rows, metric)
-        pairs = aggregate.paired_differences(rows, "exact_match")
-        stats = report.tables[f"{task}_exact_match"]
-        means = stats.pivot(index="label", columns="eval_len", values="mean")
-        means = means.reindex(list(dict.fromkeys(stats["label"])))
-        report.tables[f"{task}_pairwise"] = pairs
-        report.tables[f"{task}_ranks"] = aggregate.separable_ranks(pairs, means, True)
+            stats = aggregate.seed_stats(rows, metric)
+            pairs = aggregate.paired_differences(rows, metric)
+            means = stats.pivot(index="label", columns="eval_len", values="mean")
+            means = means.reindex(list(dict.fromkeys(stats["label"])))
+            report.tables[f"{task}_{metric}"] = stats
+            report.tables[f"{task}_{metric}_pairwise"] = pairs
+            report.tables[f"{task}_{metric}_ranks"] = aggregate.separable_ranks(pairs, means, True)
     report.tables["mrr"] = aggregate.reciprocal_ranks(df)
     if options.compare:
         published = compare.load_ranking(options.compare)
@@ -102,13 +103,13 @@ def build_task_report(
 def write_task_tables(folder: Path, report: Report, tasks: list[str]) -> None:
     for task in tasks:
         for metric in TASK_METRICS:
-            table = report.tables[f"{task}_{metric}"]
-            write_csv(folder / f"{task}_{metric}.csv", table)
-            atomic_write_text(folder / f"{task}_{metric}.md", value_markdown(table, metric) + "\n")
-        write_csv(folder / f"{task}_pairwise.csv", report.tables[f"{task}_pairwise"])
-        ranks = report.tables[f"{task}_ranks"]
-        write_csv(folder / f"{task}_ranks.csv", ranks.rename_axis("label").reset_index())
-        atomic_write_text(folder / f"{task}_ranks.md", ranks_markdown(ranks) + "\n")
+            name = f"{task}_{metric}"
+            table, ranks = report.tables[name], report.tables[f"{name}_ranks"]
+            write_csv(folder / f"{name}.csv", table)
+            atomic_write_text(folder / f"{name}.md", value_markdown(table, metric) + "\n")
+            write_csv(folder / f"{name}_pairwise.csv", report.tables[f"{name}_pairwise"])
+            write_csv(folder / f"{name}_ranks.csv", ranks.rename_axis("label").reset_index())
+            atomic_write_text(folder / f"{name}_ranks.md", ranks_markdown(ranks) + "\n")
     write_csv(folder / "mrr.csv", report.tables["mrr"])
     if "compare" in report.tables:
         write_csv(folder / "compare.csv", report.tables["compare"])
@@ -227,34 +228,44 @@ def mrr_section(report: Report, tasks: list[str]) -> list[str]:
 
 def task_section(report: Report, task: str, df: pd.DataFrame) -> list[str]:
     doc = (TASKS[task].__doc__ or "").strip().split("\n\n")[0] if task in TASKS else task
-    pairs = report.tables[f"{task}_pairwise"]
-    n = int(pairs["n"].max()) if len(pairs) else 0
-    support = (
-        f"Rank = 1 + the schemes whose exact match is higher and separated (95% t-interval of "
-        f"the paired difference over {n} seeds excludes 0); "
-        f"{int(pairs['separated'].sum())} of {len(pairs)} pairs are separated."
-        if n >= 2
-        else "One seed: no difference can be told from seed noise."
-    )
     train_len = train_lengths(df, [task])[task]
+    exact = report.tables[f"{task}_exact_match"]
+    lines = [f"## {task}", "", " ".join(doc.split()), "", learned_note(exact, train_len), ""]
+    if unsolved_past(exact, train_len):
+        lines += [
+            "Past the training length no scheme solves a single instance (exact match 0 at "
+            "every longer length, at every seed), so exact match cannot tell them apart there; "
+            "token accuracy says how much of each answer a scheme still gets right.",
+            "",
+        ]
+    for metric in TASK_METRICS:
+        name = f"{task}_{metric}"
+        lines += [f"{TITLES[metric]}:", "", value_markdown(report.tables[name], metric), ""]
+        pairs, ranks = report.tables[f"{name}_pairwise"], report.tables[f"{name}_ranks"]
+        lines += ranks_lines(pairs, ranks, metric)
+    return lines
+
+
+def unsolved_past(exact: pd.DataFrame, train_len: int) -> bool:
+    """No instance solved past the training length by any label at any seed (a mean of
+    exact matches is 0 only when each of them is)."""
+    past = exact[exact["eval_len"] > train_len]
+    return len(past) > 0 and bool((past["mean"] == 0).all())
+
+
+def ranks_lines(pairs: pd.DataFrame, ranks: pd.DataFrame, metric: str) -> list[str]:
+    """Which differences of ``metric`` the seeds support, and the ranks they allow (none from
+    one seed, where every rank would be 1)."""
+    n = int(pairs["n"].max()) if len(pairs) else 0
+    if n < 2:
+        return ["One seed: no difference can be told from seed noise.", ""]
+    title = TITLES[metric].lower()
     return [
-        f"## {task}",
+        f"Rank by {title} = 1 + the schemes whose {title} is higher and separated (95% "
+        f"t-interval of the paired difference over {n} seeds excludes 0); "
+        f"{int(pairs['separated'].sum())} of {len(pairs)} pairs are separated.",
         "",
-        " ".join(doc.split()),
-        "",
-        learned_note(report.tables[f"{task}_exact_match"], train_len),
-        "",
-        "Exact match:",
-        "",
-        value_markdown(report.tables[f"{task}_exact_match"], "exact_match"),
-        "",
-        "Token accuracy:",
-        "",
-        value_markdown(report.tables[f"{task}_token_acc"], "token_acc"),
-        "",
-        support,
-        "",
-        ranks_markdown(report.tables[f"{task}_ranks"]),
+        ranks_markdown(ranks),
         "",
     ]
 

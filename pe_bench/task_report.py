@@ -199,7 +199,7 @@ def task_markdown(root: Path, out: Path, df: pd.DataFrame, report: Report, tasks
     chance = " Chance is not 0: flip-flop's bits are right half the time by guessing."
     meaning = MEANING + (chance if "flip_flop" in tasks else "")
     lines = [f"# Synthetic task report: {root.resolve().name}", "", summary, "", meaning, ""]
-    lines += mrr_section(report, tasks)
+    lines += mrr_section(report, tasks, df)
     if "compare" in report.tables:
         lines += compare_section(report.tables["compare"])
     for task in tasks:
@@ -212,14 +212,22 @@ def task_markdown(root: Path, out: Path, df: pd.DataFrame, report: Report, tasks
     return "\n".join(lines)
 
 
-def mrr_section(report: Report, tasks: list[str]) -> list[str]:
+def mrr_section(report: Report, tasks: list[str], df: pd.DataFrame) -> list[str]:
+    lengths = train_lengths(df, tasks)
+    tied = [t for t in tasks if unsolved_past(report.tables[f"{t}_exact_match"], lengths[t])]
+    ties = (
+        f" On {', '.join(tied)} no scheme solves an instance past the training length, so every "
+        "scheme shares rank 1 there; see each task's token accuracy below."
+        if tied
+        else ""
+    )
     return [
         "## Mean reciprocal rank over tasks",
         "",
         "As Kazemnejad et al. (2023) summarise: for each task and seed, schemes ranked by "
         "exact match averaged over the lengths beyond the training length (ties share the "
         "better rank), then 1/rank averaged over the (task, seed) cells (n). A point "
-        "ranking: the per-task tables below say which differences the seeds support.",
+        "ranking: the per-task tables below say which differences the seeds support." + ties,
         "",
         mrr_markdown(report.tables["mrr"], tasks),
         "",

@@ -896,6 +896,7 @@ def rank_order_markdown(orders: pd.DataFrame, heads: list[str]) -> str:
 # (header, record field, format) of the runs table; fields a record lacks are left out.
 RUN_COLUMNS = (
     ("scheme", "scheme", "{}"),
+    ("task", "task", "{}"),
     ("fine-tune", "finetune", "{}"),
     ("seed", "seed", "{}"),
     ("run id", "run_id", "{}"),
@@ -915,7 +916,7 @@ def runs_markdown(runs: pd.DataFrame) -> str:
         ["–" if pd.isna(run[key]) else fmt.format(run[key]) for _, key, fmt in columns]
         for _, run in runs.iterrows()
     ]
-    left = ("scheme", "finetune", "run_id", "status")
+    left = ("scheme", "task", "finetune", "run_id", "status")
     align = "".join("l" if key in left else "r" for _, key, _ in columns)
     return markdown_table([header for header, _, _ in columns], rows, align)
 

@@ -184,7 +184,8 @@ def compare_section(table: pd.DataFrame) -> list[str]:
 
 def task_markdown(root: Path, out: Path, df: pd.DataFrame, report: Report, tasks: list[str]) -> str:
     """The text of report.md."""
-    runs = trained_models(df)
+    runs = trained_models(df)  # by scheme, then task in report order, then seed
+    runs = runs.assign(nth=runs["task"].map(tasks.index)).sort_values(["order", "nth", "seed"])
     grids = []
     for task, train_len in train_lengths(df, tasks).items():
         lengths = sorted(df.loc[df["task"] == task, "eval_len"].dropna().astype(int).unique())

@@ -4,6 +4,7 @@ evaluation seeds, answer-only targets, scoring, and a task run end to end to its
 from __future__ import annotations
 
 import json
+import re
 
 import pandas as pd
 import pytest
@@ -361,3 +362,4 @@ def test_task_report_ranks_token_accuracy_where_exact_match_is_zero_past_the_len
     assert "On copy no scheme solves an instance past the training length" in text
     assert "Rank by token accuracy" in text and "1 of 2 pairs are separated" in text
     assert (tmp_path / "tables" / "copy_token_acc_ranks.csv").exists()
+    assert re.search(r"\| scheme +\| task +\| seed", text)  # a run's task in the runs table

@@ -20,6 +20,7 @@ from PIL import Image
 
 from pe_bench import aggregate, report
 from pe_bench.model import GPT, ModelConfig, build_model
+from pe_bench.results import write_jsonl
 
 # Every trainable scheme, and the eval-time variants with the scheme they apply to.
 CLASSIC = ["nope", "sinusoidal", "learned", "t5", "xl", "rope", "alibi"]
@@ -209,6 +210,12 @@ def record(scheme: str, seed: int, eval_len: int | None, nll: float, **fields) -
         "date": "2026-11-23T14:00:00+00:00",
         **fields,
     }
+
+
+def write_runs(folder: Path, rows: list[dict]) -> None:
+    """Hand-made records, one job folder per run id, as pe-bench lays them out."""
+    for run_id in dict.fromkeys(r["run_id"] for r in rows):
+        write_jsonl(folder / run_id / "records.jsonl", [r for r in rows if r["run_id"] == run_id])
 
 
 def diverged(scheme: str, seed: int, step: int, lengths: tuple[int, ...] = (16, 32)) -> list[dict]:

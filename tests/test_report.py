@@ -19,7 +19,7 @@ from PIL import Image
 from pe_bench import aggregate, plots, report
 from pe_bench.results import write_jsonl
 
-from .helpers import CLASSIC, diverged, prepared, record, three_seeds
+from .helpers import CLASSIC, diverged, prepared, record, three_seeds, write_runs
 
 SMOKE_LABELS = ["nope", "sinusoidal", "learned", "t5", "xl", "rope", "rope+pi", "rope+ntk", "alibi"]
 TABLES = ("ppl", "bpb", "nll", "ratio", "score")
@@ -52,12 +52,6 @@ def markdown_tables(text: str) -> list[list[list[str]]]:
 def section_tables(text: str, heading: str) -> list[list[list[str]]]:
     """The tables of the report section ``## heading``."""
     return markdown_tables(text.split(f"\n## {heading}\n")[1].split("\n## ")[0])
-
-
-def write_runs(folder: Path, rows: list[dict]) -> None:
-    """Hand-made records, one run folder per run id."""
-    for run_id in dict.fromkeys(r["run_id"] for r in rows):
-        write_jsonl(folder / run_id / "records.jsonl", [r for r in rows if r["run_id"] == run_id])
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from pe_bench.sweep import (
     write_report,
 )
 
-from .helpers import TINY, TRAINABLE, compose, pe_bench, record, three_seeds
+from .helpers import TINY, TRAINABLE, compose, pe_bench, record, three_seeds, write_runs
 
 
 def test_sweep_size_counts_the_experiments_jobs():
@@ -29,12 +29,6 @@ def test_sweep_size_counts_the_experiments_jobs():
 
 def test_sweep_size_is_none_when_it_cannot_tell():
     assert sweep_size(compose()) is None  # no hydra node: no sweeper to read
-
-
-def write_runs(folder: Path, rows: list[dict]) -> None:
-    """Hand-made records, one job folder per run id."""
-    for run_id in dict.fromkeys(r["run_id"] for r in rows):
-        write_jsonl(folder / run_id / "records.jsonl", [r for r in rows if r["run_id"] == run_id])
 
 
 def test_report_at_the_end_of_a_sweep(tmp_path):

@@ -3,7 +3,6 @@ evaluation seeds, answer-only targets, scoring, and a task run end to end to its
 
 from __future__ import annotations
 
-import json
 import re
 
 import pandas as pd
@@ -37,6 +36,8 @@ from pe_bench.tasks import (
     build_task,
     load_task,
 )
+
+from .helpers import record, write_runs
 
 LENGTHS = [4, 5, 16, 31, 64, 257]
 
@@ -330,30 +331,19 @@ def test_accuracy_intervals_stay_within_0_and_1():
     assert pd.isna(stats.loc["nope", "ci_low"])  # one seed: no interval, not a clipped 0
 
 
-def task_record(scheme: str, seed: int, eval_len: int, exact: float, token: float) -> dict:
-    return {
-        **{"run_id": f"{scheme}-{seed}", "scheme": scheme, "variant": "none", "seed": seed},
-        **{"train_len": 16, "eval_len": eval_len, "mode": "task", "stride": eval_len},
-        **{"tokens": 8, "status": "ok", "task": "copy", "corpus": "task:copy"},
-        **{"exact_match": exact, "token_acc": token, "corpus_sha": "0" * 64, "git_sha": "0" * 40},
-        **{"d_model": 64, "num_layers": 2, "train_steps": 10, "hardware": "cpu", "torch": "2"},
-    }
-
-
 def test_task_report_ranks_token_accuracy_where_exact_match_is_zero_past_the_length(tmp_path):
     """Copy at CPU scale: every scheme solves it at 1x and no instance past it, so exact match
     ties them all; the token accuracies (rope ahead at every seed) must still rank them."""
-    records = [
-        task_record(scheme, seed, length, float(length == 16), token)
-        for seed in range(3)
-        for scheme, past in (("nope", 0.10), ("rope", 0.40))
-        for length, token in ((16, 1.0), (32, past + 0.01 * seed))
-    ]
-    for record in records:
-        folder = tmp_path / record["run_id"]
-        folder.mkdir(exist_ok=True)
-        with open(folder / "records.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+    copy = {"mode": "task", "task": "copy", "corpus": "task:copy"}
+    write_runs(
+        tmp_path,
+        [
+            record(scheme, seed, n, 0.0, **copy, exact_match=float(n == 16), token_acc=token)
+            for seed in range(3)
+            for scheme, past in (("nope", 0.10), ("rope", 0.40))
+            for n, token in ((16, 1.0), (32, past + 0.01 * seed))
+        ],
+    )
     report = build_report(tmp_path, echo=False)
     assert report.tables["copy_exact_match_ranks"][32].tolist() == [1, 1]
     assert report.tables["copy_token_acc_ranks"][32].tolist() == [2, 1]  # nope, rope

@@ -473,14 +473,14 @@ def pairwise_metric(metric: str) -> str:
 
 
 def pairwise_tables(
-    df: pd.DataFrame, stats: dict[str, pd.DataFrame], metric: str
+    df: pd.DataFrame, stats: dict[str, pd.DataFrame], metric: str, higher_is_better: bool = False
 ) -> dict[str, pd.DataFrame]:
     """The paired differences of every two labels at every length, and the ranks they allow."""
     metric = pairwise_metric(metric)
     pairs = aggregate.paired_differences(df, metric)
     means = stats[metric].pivot(index="label", columns="eval_len", values="mean")
     means = means.reindex(list(dict.fromkeys(stats[metric]["label"])))
-    return {"pairwise": pairs, "ranks": aggregate.separable_ranks(pairs, means)}
+    return {"pairwise": pairs, "ranks": aggregate.separable_ranks(pairs, means, higher_is_better)}
 
 
 def ranks_markdown(ranks: pd.DataFrame) -> str:

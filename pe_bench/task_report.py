@@ -32,6 +32,7 @@ from pe_bench.report import (
     commands,
     distinct,
     markdown_table,
+    pairwise_tables,
     ranks_markdown,
     report_lock,
     runs_markdown,
@@ -76,13 +77,10 @@ def build_task_report(
     report = Report(out / "report.md", options, skipped=aggregate.skipped_evaluations(df))
     for task, rows in per_task.items():
         for metric in TASK_METRICS:
-            stats = aggregate.seed_stats(rows, metric)
-            pairs = aggregate.paired_differences(rows, metric)
-            means = stats.pivot(index="label", columns="eval_len", values="mean")
-            means = means.reindex(list(dict.fromkeys(stats["label"])))
-            report.tables[f"{task}_{metric}"] = stats
-            report.tables[f"{task}_{metric}_pairwise"] = pairs
-            report.tables[f"{task}_{metric}_ranks"] = aggregate.separable_ranks(pairs, means, True)
+            stats = {metric: aggregate.seed_stats(rows, metric)}
+            pairwise = pairwise_tables(rows, stats, metric, higher_is_better=True)
+            report.tables[f"{task}_{metric}"] = stats[metric]
+            report.tables |= {f"{task}_{metric}_{kind}": t for kind, t in pairwise.items()}
     report.tables["mrr"] = aggregate.reciprocal_ranks(df)
     if options.compare:
         published = compare.load_ranking(options.compare)
@@ -186,8 +184,8 @@ def task_markdown(root: Path, out: Path, df: pd.DataFrame, report: Report, tasks
     """The text of report.md."""
     runs = trained_models(df)  # by scheme, then task in report order, then seed
     runs = runs.assign(nth=runs["task"].map(tasks.index)).sort_values(["order", "nth", "seed"])
-    grids = []
-    for task, train_len in train_lengths(df, tasks).items():
+    train_lens, grids = train_lengths(df, tasks), []
+    for task, train_len in train_lens.items():
         lengths = sorted(df.loc[df["task"] == task, "eval_len"].dropna().astype(int).unique())
         grids.append(f"{task}: L = {train_len}, evaluated at {', '.join(map(str, lengths))}")
     summary = (
@@ -200,11 +198,11 @@ def task_markdown(root: Path, out: Path, df: pd.DataFrame, report: Report, tasks
     chance = " Chance is not 0: flip-flop's bits are right half the time by guessing."
     meaning = MEANING + (chance if "flip_flop" in tasks else "")
     lines = [f"# Synthetic task report: {root.resolve().name}", "", summary, "", meaning, ""]
-    lines += mrr_section(report, tasks, df)
+    lines += mrr_section(report, tasks, train_lens)
     if "compare" in report.tables:
         lines += compare_section(report.tables["compare"])
     for task in tasks:
-        lines += task_section(report, task, df)
+        lines += task_section(report, task, train_lens[task])
     lines += ["## Figures", ""]
     for metric, path in report.figures.items():
         lines += [f"![{TITLES[metric]} vs length]({os.path.relpath(path, out)})", ""]
@@ -213,9 +211,8 @@ def task_markdown(root: Path, out: Path, df: pd.DataFrame, report: Report, tasks
     return "\n".join(lines)
 
 
-def mrr_section(report: Report, tasks: list[str], df: pd.DataFrame) -> list[str]:
-    lengths = train_lengths(df, tasks)
-    tied = [t for t in tasks if unsolved_past(report.tables[f"{t}_exact_match"], lengths[t])]
+def mrr_section(report: Report, tasks: list[str], train_lens: dict[str, int]) -> list[str]:
+    tied = [t for t in tasks if unsolved_past(report.tables[f"{t}_exact_match"], train_lens[t])]
     ties = (
         f" On {', '.join(tied)} no scheme solves an instance past the training length, so every "
         "scheme shares rank 1 there; see each task's token accuracy below."
@@ -235,9 +232,8 @@ def mrr_section(report: Report, tasks: list[str], df: pd.DataFrame) -> list[str]
     ]
 
 
-def task_section(report: Report, task: str, df: pd.DataFrame) -> list[str]:
+def task_section(report: Report, task: str, train_len: int) -> list[str]:
     doc = (TASKS[task].__doc__ or "").strip().split("\n\n")[0] if task in TASKS else task
-    train_len = train_lengths(df, [task])[task]
     exact = report.tables[f"{task}_exact_match"]
     lines = [f"## {task}", "", " ".join(doc.split()), "", learned_note(exact, train_len), ""]
     if unsolved_past(exact, train_len):

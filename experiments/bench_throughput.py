@@ -32,9 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pe_bench.model import ModelConfig, build_model
-from pe_bench.results import atomic_write_text, provenance
-from pe_bench.train import autocast
+from pe_bench.model.gpt import ModelConfig, build_model
+from pe_bench.records import atomic_write_text, provenance
+from pe_bench.run.train import autocast
 
 # Our scheme -> x-transformers Decoder keyword arguments for the same scheme.
 XT_SCHEMES = {

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from pe_bench.results import atomic_write_text, device_name, git_sha, read_jsonl
+from pe_bench.records import atomic_write_text, device_name, git_sha, read_jsonl
 
 COMMAND = [
     "pe=rope",

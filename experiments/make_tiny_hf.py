@@ -24,7 +24,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from pe_bench.data import load_corpus
+from pe_bench.data.corpus import load_corpus
 
 CONTEXT = 256
 SPECIALS = ["<|endoftext|>"]  # BOS and EOS both, as GPT-2's and Pythia's tokenizers

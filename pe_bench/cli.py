@@ -3,15 +3,15 @@
 ``run(cfg, out_dir)`` does the work and is what tests call; ``main`` is the thin Hydra wrapper.
 A run reads as plan -> store -> fit -> evaluate -> fine-tunes:
 
-- ``plan`` (pe_bench/plan.py) parses the config once and refuses bad input before any work;
-- ``RunStore`` (pe_bench/store.py) owns the job folder: cached records, missing ones, curves;
-- ``fit`` and ``finetune`` (pe_bench/train.py) train, resuming from checkpoints;
-- ``evaluate_tasks`` (pe_bench/evaluate.py) scores each task; ``make_record`` (results.py)
+- ``plan`` (pe_bench/run/plan.py) parses the config once and refuses bad input before any work;
+- ``RunStore`` (pe_bench/run/store.py) owns the job folder: cached records, missing ones, curves;
+- ``fit`` and ``finetune`` (pe_bench/run/train.py) train, resuming from checkpoints;
+- ``evaluate_tasks`` (pe_bench/run/evaluate.py) scores each task; ``make_record`` (results.py)
   turns every outcome (ok, skipped, diverged) into a record.
 
 A sweep (``-m`` or an experiment with ``hydra.mode: MULTIRUN``) runs one job per override set
 through Hydra's launcher (local, or SLURM via hydra-submitit-launcher); ``SweepCallback``
-(pe_bench/sweep.py) logs its progress and writes the report when it ends.
+(pe_bench/run/sweep.py) logs its progress and writes the report when it ends.
 
 Every job folder is named after its overrides, so rerunning a command finds its own folders:
 a job whose records are complete is skipped, a job killed mid-training resumes from its last
@@ -51,11 +51,18 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from torch import Tensor
 
-from pe_bench import hf, probes, tracking
-from pe_bench.data import Corpus, eval_stream, load_corpus
-from pe_bench.distributed import World, current_world, rank_from_env
+from pe_bench.data.corpus import Corpus, eval_stream, load_corpus
+from pe_bench.data.tasks import TaskData
+from pe_bench.data.tokenizer import BYTE, ByteTokenizer, Tokenizer
 from pe_bench.errors import UserError
-from pe_bench.evaluate import (
+from pe_bench.model.gpt import GPT
+from pe_bench.positions import options_label
+from pe_bench.pretrained import hf
+from pe_bench.pretrained.load import is_pretrained
+from pe_bench.records import atomic_write_text, git_sha, make_record, provenance
+from pe_bench.run import probes, tracking
+from pe_bench.run.distributed import World, current_world, rank_from_env
+from pe_bench.run.evaluate import (
     EvalTask,
     Scored,
     Scorer,
@@ -64,15 +71,10 @@ from pe_bench.evaluate import (
     lm_scorer,
     task_scorer,
 )
-from pe_bench.model import GPT
-from pe_bench.plan import Finetune, Plan, RunConfig, check_top_keys, plan
-from pe_bench.positions import options_label
-from pe_bench.results import atomic_write_text, git_sha, make_record, provenance
-from pe_bench.store import RunStore, job_lock
-from pe_bench.sweep import FAILED
-from pe_bench.tasks import TaskData
-from pe_bench.tokenizer import BYTE, ByteTokenizer, Tokenizer
-from pe_bench.train import Diverged, TrainResult, finetune, fit
+from pe_bench.run.plan import Finetune, Plan, RunConfig, check_top_keys, plan
+from pe_bench.run.store import RunStore, job_lock
+from pe_bench.run.sweep import FAILED
+from pe_bench.run.train import Diverged, TrainResult, finetune, fit
 
 log = logging.getLogger("pe_bench")
 
@@ -94,8 +96,8 @@ OmegaConf.register_new_resolver("run_dir", run_dir_name, replace=True)
 def run(cfg: DictConfig | RunConfig, out_dir: Path) -> list[dict[str, Any]]:
     """Train the configured model, evaluate it at every eval length, write ``out_dir`` records;
     then the same for each fine-tune of it. Returns every record of the run (cached included).
-    A pretrained model (``model=hf``) is evaluated without training (``pe_bench.hf``)."""
-    if isinstance(cfg, DictConfig) and hf.is_pretrained(cfg):
+    A pretrained model (``model=hf``) is evaluated without training (``pe_bench.pretrained.hf``)."""
+    if isinstance(cfg, DictConfig) and is_pretrained(cfg):
         return hf.run(cfg, out_dir)
     job = plan(cfg)
     world, device = _world_and_device(job.device)

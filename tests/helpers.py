@@ -18,9 +18,10 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 from PIL import Image
 
-from pe_bench import aggregate, report
-from pe_bench.model import GPT, ModelConfig, build_model
-from pe_bench.results import write_jsonl
+from pe_bench.model.gpt import GPT, ModelConfig, build_model
+from pe_bench.records import write_jsonl
+from pe_bench.report import aggregate
+from pe_bench.report.cli import main as report_main
 
 # Every trainable scheme, and the eval-time variants with the scheme they apply to.
 CLASSIC = ["nope", "sinusoidal", "learned", "t5", "xl", "rope", "alibi"]
@@ -258,7 +259,7 @@ def assert_regenerates(folder: Path, tmp_path: Path) -> None:
     shutil.rmtree(copy / "figures")
     (copy / "report.md").unlink()
     args = report_command(folder)
-    report.main([str(copy / args[0]), *args[1:]])
+    report_main([str(copy / args[0]), *args[1:]])
     committed = sorted(p.relative_to(folder) for name in GENERATED for p in _files(folder / name))
     regenerated = sorted(p.relative_to(copy) for name in GENERATED for p in _files(copy / name))
     assert regenerated == committed

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pe_bench import passkey
+from pe_bench.pretrained import passkey
 
 CONTEXT = 32  # max_position_embeddings of the tiny checkpoints: the pretraining context
 ARCHS = ("llama", "qwen2", "gpt_neox")

@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pe_bench import aggregate
 from pe_bench.errors import UserError
 from pe_bench.positions import options_label
+from pe_bench.report import aggregate
 
 from .helpers import diverged, prepared, record, three_seeds
 

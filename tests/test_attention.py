@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pe_bench.attention import attention_logits, causal_attention, reference_attention
-from pe_bench.model import GPT, ModelConfig, seeded_scheme
+from pe_bench.model.attention import attention_logits, causal_attention, reference_attention
+from pe_bench.model.gpt import GPT, ModelConfig, seeded_scheme
 from pe_bench.positions import ModelDims, PositionScheme, build_scheme
 from pe_bench.positions.bias import ALiBi
 
@@ -24,7 +24,7 @@ def test_fast_path_equals_reference():
 @pytest.mark.parametrize("bias_shape", [(4, 20, 20), (2, 4, 20, 20)])
 @pytest.mark.parametrize("chunk", [20, 7])  # one chunk of queries, or chunks of 7
 def test_biased_path_equals_reference(bias_shape, chunk, monkeypatch):
-    from pe_bench import attention
+    from pe_bench.model import attention
 
     monkeypatch.setattr(attention, "MASK_BUDGET", 2 * 4 * 20 * chunk)
     q, k, v = (torch.randn(2, 4, 20, 8) for _ in range(3))
@@ -99,7 +99,7 @@ def test_absolute_schemes_do_depend_on_position(name):
 @pytest.mark.parametrize("name", ["alibi", "t5", "xl"])
 def test_query_chunked_attention_equals_one_chunk(name, monkeypatch):
     """Long windows are computed by query chunks; the result must not depend on the chunking."""
-    from pe_bench import attention
+    from pe_bench.model import attention
 
     from .helpers import tiny_model
 
@@ -134,7 +134,7 @@ FLEX_SCHEMES = ["alibi", "t5", "kerple_log", "kerple_power", "sandwich"]
 def test_flex_score_mod_equals_the_bias_path(name, s):
     """FlexAttention (eager: the same kernel logic as compiled, slowly) with the scheme's
     score_mod gives what the float-mask path gives, on more than one 128-token block."""
-    from pe_bench.attention import flex_attention
+    from pe_bench.model.attention import flex_attention
 
     from .helpers import tiny_model
 
@@ -160,7 +160,7 @@ def test_position_terms_stay_fp32_under_bf16_autocast(name):
     was 68 (alibi) to 350 (kerple_power) ulps off, ALiBi's term by up to 1 at far keys."""
     from functools import partial
 
-    from pe_bench.attention import biased_attention
+    from pe_bench.model.attention import biased_attention
 
     from .helpers import tiny_model
 
@@ -184,7 +184,7 @@ def test_flex_and_mask_paths_agree_under_cuda_bf16_autocast(name):
     change the numbers."""
     from functools import partial
 
-    from pe_bench.attention import biased_attention, flex_attention
+    from pe_bench.model.attention import biased_attention, flex_attention
 
     from .helpers import tiny_model
 
@@ -214,8 +214,8 @@ def test_auto_attention_evaluates_long_windows_through_flex(monkeypatch):
     """model.attention=auto: compiled FlexAttention for evaluation windows too large to share
     a mask (the budget lowered so that 150 tokens count as long), the same outputs as SDPA;
     never while gradients are on."""
-    from pe_bench import attention
-    from pe_bench import model as model_module
+    from pe_bench.model import attention
+    from pe_bench.model import gpt as model_module
 
     from .helpers import tiny_model
 
@@ -245,7 +245,7 @@ def test_auto_attention_evaluates_long_windows_through_flex(monkeypatch):
 def test_flex_refuses_to_train_on_cpu():
     """Refused when the run is planned (it always trains), not inside the forward pass."""
     from pe_bench.errors import UserError
-    from pe_bench.model import ModelConfig, check_attention
+    from pe_bench.model.gpt import ModelConfig, check_attention
 
     cfg = ModelConfig(attention="flex")
     with pytest.raises(UserError, match="FlexAttention has no backward on CPU"):
@@ -266,7 +266,7 @@ def test_flex_refuses_to_train_on_cpu():
     ],
 )
 def test_use_flex(mode, seq_len, grad, expected):
-    from pe_bench.attention import use_flex
+    from pe_bench.model.attention import use_flex
 
     assert use_flex(mode, 4, seq_len, grad) is expected
 
@@ -328,14 +328,16 @@ def test_schemes_of_the_logit_hooks_leave_the_fused_paths(name):
 )
 @pytest.mark.parametrize("budget", [None, 4 * 4 * 40 * 7])  # one chunk, or chunks of 7 queries
 def test_explicit_path_equals_the_fused_one(fused, explicit, budget, monkeypatch):
-    from pe_bench import attention
+    from pe_bench.model import attention
 
     if budget:
         monkeypatch.setattr(attention, "MASK_BUDGET", budget)
     idx = torch.randint(0, 256, (4, 40))
     calls = []
     real = attention.explicit_attention
-    monkeypatch.setattr("pe_bench.model.explicit_attention", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(
+        "pe_bench.model.gpt.explicit_attention", lambda *a: calls.append(1) or real(*a)
+    )
     with torch.no_grad():
         expected = tiny_model(fused)(idx)
         assert not calls

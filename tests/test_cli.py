@@ -15,8 +15,8 @@ import torch
 
 from pe_bench import cli
 from pe_bench.errors import UserError
-from pe_bench.plan import TOP_KEYS
-from pe_bench.results import load_records
+from pe_bench.records import load_records
+from pe_bench.run.plan import TOP_KEYS
 
 from .helpers import CLASSIC, TINY, assert_regenerates, pe_bench
 
@@ -244,7 +244,7 @@ def test_bad_data_files_are_one_clear_line(tmp_path):
 @pytest.mark.slow
 def test_report_on_a_folder_without_records(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-c", "from pe_bench.report import main; main()", str(tmp_path)],
+        [sys.executable, "-c", "from pe_bench.report.cli import main; main()", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -288,7 +288,7 @@ MINIS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(MINIS))
 def test_paper_mini_end_to_end_shrunk(tmp_path, name):
-    from pe_bench.aggregate import label
+    from pe_bench.report.aggregate import label
 
     overrides, cite, column, labels = MINIS[name]
     proc = pe_bench(f"experiment={name}", *SHRUNK, *overrides, out=tmp_path)

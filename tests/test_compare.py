@@ -20,8 +20,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from pe_bench import aggregate, compare
 from pe_bench.errors import UserError
+from pe_bench.report import aggregate, compare
 
 from .helpers import record
 

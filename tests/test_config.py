@@ -8,14 +8,14 @@ from typing import Annotated
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from pe_bench import hf
 from pe_bench.config import Range, check_value, from_node
-from pe_bench.data import check_config, load_corpus
+from pe_bench.data.corpus import check_config, load_corpus
 from pe_bench.errors import UserError
-from pe_bench.evaluate import EvalConfig
-from pe_bench.plan import plan
 from pe_bench.positions import scheme_class
-from pe_bench.train import FinetuneConfig, TrainConfig
+from pe_bench.pretrained import hf, load
+from pe_bench.run.evaluate import EvalConfig
+from pe_bench.run.plan import plan
+from pe_bench.run.train import FinetuneConfig, TrainConfig
 
 from .helpers import TRAINABLE, VARIANTS, compose
 
@@ -43,7 +43,7 @@ def test_every_experiment_composes_and_builds(experiment):
     fine-tunes served, data config valid (remote datasets are not downloaded). The plan builds
     no model, so the GPU-sized experiments plan in no memory."""
     cfg = compose(f"experiment={experiment}", hydra=True)
-    if hf.is_pretrained(cfg):  # a pretrained model: parsed (nothing trained, nothing loaded)
+    if load.is_pretrained(cfg):  # a pretrained model: parsed (nothing trained, nothing loaded)
         job = hf.parse(cfg)
         assert job.model.name and job.eval.variants
         return

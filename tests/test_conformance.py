@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pe_bench.conformance import FAIL, PASS, SKIP, assert_conforms, check_scheme, main
+from pe_bench.conformance.cli import main
+from pe_bench.conformance.kit import FAIL, PASS, SKIP, assert_conforms, check_scheme
 from pe_bench.errors import UserError
 from pe_bench.positions import registered
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pe_bench.data import (
+from pe_bench.data.corpus import (
     _load_cached,
     eval_stream,
     load_corpus,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pe_bench.distributed import World
 from pe_bench.errors import UserError
-from pe_bench.results import load_records
+from pe_bench.records import load_records
+from pe_bench.run.distributed import World
 
 from .helpers import TINY, pe_bench
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pe_bench.errors import UserError
-from pe_bench.evaluate import EvalConfig, Window, score, windows
+from pe_bench.run.evaluate import EvalConfig, Window, score, windows
 
 from .helpers import tiny_model
 
@@ -134,7 +134,7 @@ def test_eval_config_lengths_and_tokens():
 def test_random_positions_are_evaluated_as_the_mean_of_seeded_draws(stream):
     """A randomized scheme is scored once per draw of its positions (each draw seeded by its
     index): the result pools the draws, whose NLLs differ and are reported one by one."""
-    from pe_bench.evaluate import EvalTask, evaluate_tasks, lm_scorer
+    from pe_bench.run.evaluate import EvalTask, evaluate_tasks, lm_scorer
 
     model = tiny_model("randomized_rope")
     scorer = lm_scorer(stream, 64, torch.device("cpu"))
@@ -148,7 +148,7 @@ def test_random_positions_are_evaluated_as_the_mean_of_seeded_draws(stream):
 
 
 def test_deterministic_positions_are_scored_once(stream):
-    from pe_bench.evaluate import EvalTask, evaluate_tasks, lm_scorer
+    from pe_bench.run.evaluate import EvalTask, evaluate_tasks, lm_scorer
 
     task = EvalTask("none", "", None, 16, "nonoverlap", 16)
     scorer = lm_scorer(stream, 64, torch.device("cpu"))

@@ -1,4 +1,4 @@
-"""Pretrained HF models (pe_bench/hf.py), offline: tiny random-weight checkpoints of three
+"""Pretrained HF models (pe_bench/pretrained/), offline: tiny random-weight checkpoints of three
 families. The central claim: a RoPE variant gives the same logits through HF's rope_parameters
 as through pe-bench's frequencies, within ``ATOL`` + ``RTOL`` x |logit|."""
 
@@ -15,12 +15,14 @@ import torch
 
 pytest.importorskip("transformers")
 
-from pe_bench import cli, hf, report
+from pe_bench import cli
 from pe_bench.errors import UserError
-from pe_bench.evaluate import EvalConfig
 from pe_bench.positions import register
 from pe_bench.positions.rotary import RoPE
-from pe_bench.results import RECORDS, read_jsonl
+from pe_bench.pretrained import hf, load, rope
+from pe_bench.records import RECORDS, read_jsonl
+from pe_bench.report.build import build_report
+from pe_bench.run.evaluate import EvalConfig
 
 from .helpers import compose
 from .hf_helpers import ARCHS, CONTEXT, tiny_checkpoint
@@ -47,21 +49,21 @@ def checkpoints(tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def loaded(checkpoints) -> dict[str, tuple[torch.nn.Module, hf.RopeSpec]]:
+def loaded(checkpoints) -> dict[str, tuple[torch.nn.Module, rope.RopeSpec]]:
     out = {}
     for arch, folder in checkpoints.items():
-        model = hf.load_model(hf.HFConfig(name=folder), torch.device("cpu"))
-        out[arch] = (model, hf.rope_spec(model.config, None, folder))
+        model = load.load_model(load.HFConfig(name=folder), torch.device("cpu"))
+        out[arch] = (model, rope.rope_spec(model.config, None, folder))
     return out
 
 
-def variant(spec: hf.RopeSpec, cfg: dict) -> hf.Variant:
-    (built,) = hf.build_variants(EvalConfig(variants={"v": cfg}), spec)
+def variant(spec: rope.RopeSpec, cfg: dict) -> rope.Variant:
+    (built,) = rope.build_variants(EvalConfig(variants={"v": cfg}), spec)
     return built
 
 
 def logits(model, x, variant=None, spec=None, impl="pe_bench") -> torch.Tensor:
-    with torch.no_grad(), hf.rope_variant(model, variant, spec, x.shape[1], impl) as used:
+    with torch.no_grad(), rope.rope_variant(model, variant, spec, x.shape[1], impl) as used:
         out = model(input_ids=x).logits
     assert used == ("none" if variant is None else impl)
     return out
@@ -107,7 +109,7 @@ def test_ntk_by_parts_through_the_hook_equals_hf_yarn_without_its_attention_fact
         "original_max_position_embeddings": CONTEXT,
         "attention_factor": 1.0,
     }
-    with torch.no_grad(), hf.hf_rope(model, params, CONTEXT):
+    with torch.no_grad(), rope.hf_rope(model, params, CONTEXT):
         theirs = model(input_ids=x).logits
     torch.testing.assert_close(ours, theirs, atol=ATOL, rtol=RTOL)
 
@@ -133,7 +135,7 @@ def test_a_variant_is_undone_after_use(loaded):
     x = tokens(model)
     before = logits(model, x)
     for name in ("yarn", "pi"):
-        for impl in hf.IMPLS:
+        for impl in load.IMPLS:
             logits(model, x, variant(spec, HF_VARIANTS[name]), spec, impl)
     logits(model, x, variant(spec, {"name": "logn"}), spec)
     assert torch.equal(logits(model, x), before)
@@ -143,7 +145,7 @@ def test_the_rope_spec_reads_partial_rotary_dims_base_and_context(loaded):
     spec = loaded["gpt_neox"][1]
     assert (spec.dims.head_dim, spec.dims.train_len, spec.theta) == (8, CONTEXT, 10000.0)
     assert loaded["llama"][1].dims.head_dim == 16
-    assert hf.rope_spec(loaded["llama"][0].config, 24, "x").dims.train_len == 24
+    assert rope.rope_spec(loaded["llama"][0].config, 24, "x").dims.train_len == 24
 
 
 def test_variants_take_the_models_base_and_refuse_what_the_rotary_patch_cannot_carry(loaded):
@@ -168,22 +170,22 @@ def test_a_model_that_already_scales_its_rope_is_refused(loaded):
     scaled = type(config).from_dict(config.to_dict())
     scaled.rope_parameters = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
     with pytest.raises(UserError, match="already scales its RoPE"):
-        hf.rope_spec(scaled, None, "scaled")
+        rope.rope_spec(scaled, None, "scaled")
 
 
 def test_bits_per_byte_counts_the_scored_targets_own_bytes(checkpoints):
-    auto = hf.load_tokenizer(checkpoints["llama"])
-    tokenizer = hf.corpus_tokenizer(auto, checkpoints["llama"])
+    auto = load.load_tokenizer(checkpoints["llama"])
+    tokenizer = load.corpus_tokenizer(auto, checkpoints["llama"])
     text = "The pass key is 42. Ünïcödé — 🙂 and more text.\n" * 3
-    stream = hf.encode(tokenizer, text)
+    stream = load.encode(tokenizer, text)
     assert stream.ids.tolist() == auto(text, add_special_tokens=False)["input_ids"]
     assert int(stream.byte_ends[-1]) == len(text.encode())
     # the targets after token 0 up to the last: every byte but the first token's
     first = len(auto.decode(stream.ids[:1]).encode())
     assert stream.target_bytes(0, len(stream.ids) - 1) == len(text.encode()) - first
-    prefix = hf.encode_prefix(tokenizer, text.encode(), 10, "test")
+    prefix = load.encode_prefix(tokenizer, text.encode(), 10, "test")
     assert prefix.ids.tolist() == stream.ids[:10].tolist()
-    fields = hf.tokenizer_fields(tokenizer)
+    fields = load.tokenizer_fields(tokenizer)
     assert fields["tokenizer"] == f"hf:{checkpoints['llama']}" and fields["tokenizer_vocab"] == 300
 
 
@@ -192,7 +194,7 @@ def test_an_unknown_model_offline_is_one_line(monkeypatch):
     # the hub reads the variable once, at import: an earlier test may have imported it
     monkeypatch.setattr(pytest.importorskip("huggingface_hub").constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(UserError) as caught:
-        hf.load_config(hf.HFConfig(name="no-such-org/no-such-model-pe-bench"))
+        load.load_config(load.HFConfig(name="no-such-org/no-such-model-pe-bench"))
     message = str(caught.value)
     assert "\n" not in message and "no-such-org/no-such-model-pe-bench" in message
 
@@ -253,7 +255,7 @@ def test_a_pretrained_model_is_evaluated_reported_and_cached(checkpoints, tmp_pa
     keys = [r for r in records if r["mode"] == "passkey"]
     assert len(keys) == 4 * 2 and all(len(r["correct"]) == 2 for r in keys)
     assert all(r["prompt_tokens"][0] <= r["eval_len"] for r in keys)
-    built = report.build_report(out, echo=False)
+    built = build_report(out, echo=False)
     text_md = built.path.read_text()
     assert "## Passkey retrieval" in text_md and (out / "figures" / "passkey.png").exists()
     lines = len(read_jsonl(out / RECORDS))

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from pe_bench.errors import UserError
-from pe_bench.model import ModelConfig
+from pe_bench.model.gpt import ModelConfig
 
 from .helpers import TRAINABLE, VARIANTS, tiny_model, with_variant
 
@@ -43,7 +43,7 @@ def test_every_scheme_runs_at_four_times_training_length(name, make):
 
 def test_trunk_initialisation_is_the_same_for_every_scheme():
     cfg = ModelConfig(d_model=32, num_layers=2, num_heads=4, mlp_ratio=2)
-    from pe_bench.model import build_model
+    from pe_bench.model.gpt import build_model
 
     models = {name: build_model(cfg, {"name": name}, 16, seed=3) for name in TRAINABLE}
     reference = {k: v for k, v in models["nope"].state_dict().items() if not k.startswith("pe.")}
@@ -78,7 +78,7 @@ def test_learned_model_refuses_past_its_table_before_any_forward():
 def test_forward_context_is_built_once_per_pass(monkeypatch):
     """Every block gets the same context: the scheme, the positions, the attention path and
     the shared mask cache."""
-    from pe_bench import model as model_module
+    from pe_bench.model import gpt as model_module
 
     seen = []
     forward = model_module.Block.forward
@@ -99,7 +99,7 @@ def test_forward_context_is_built_once_per_pass(monkeypatch):
 def test_seeded_scheme_leaves_the_global_generator_alone(dims):
     from functools import partial
 
-    from pe_bench.model import seeded_scheme
+    from pe_bench.model.gpt import seeded_scheme
     from pe_bench.positions import build_scheme
 
     torch.manual_seed(5)
@@ -139,7 +139,7 @@ def _loss_and_grads(model, x: torch.Tensor, run=None) -> tuple[torch.Tensor, dic
 def test_bf16_autocast_follows_fp32_on_cuda(name):
     """A training step under bf16 autocast (what pe-bench trains with on a GPU) gives the fp32
     loss and gradients up to bf16 rounding."""
-    from pe_bench.train import autocast
+    from pe_bench.run.train import autocast
 
     device = torch.device("cuda")
     model = tiny_model(name).to(device).train()

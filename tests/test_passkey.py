@@ -1,5 +1,6 @@
-"""Passkey retrieval (pe_bench/passkey.py): the prompt as the originals build it, lengths in
-tokens, depths, parsing, greedy decoding with a KV cache and a variant, the report section."""
+"""Passkey retrieval (pe_bench/pretrained/passkey.py): the prompt as the originals build it,
+lengths in tokens, depths, parsing, greedy decoding with a KV cache and a variant, the report
+section."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ import torch
 
 pytest.importorskip("transformers")
 
-from pe_bench import hf, passkey
 from pe_bench.errors import UserError
-from pe_bench.evaluate import EvalConfig
+from pe_bench.pretrained import load, passkey, rope
+from pe_bench.records import PASSKEY_MODE
+from pe_bench.report.aggregate import wilson
+from pe_bench.report.passkey import section as passkey_section
+from pe_bench.run.evaluate import EvalConfig
 
 from .hf_helpers import CONTEXT, tiny_checkpoint, tiny_tokenizer
 
@@ -115,28 +119,28 @@ def test_generation_stops_once_the_first_integer_is_complete():
 
 
 def test_the_wilson_interval():
-    low, high = passkey.wilson(0, 5)
+    low, high = wilson(0, 5)
     assert low == 0.0 and high == pytest.approx(0.4345, abs=1e-4)
-    low, high = passkey.wilson(5, 5)
+    low, high = wilson(5, 5)
     assert low == pytest.approx(0.5655, abs=1e-4) and high == 1.0
-    low, high = passkey.wilson(10, 20)
+    low, high = wilson(10, 20)
     assert (low, high) == pytest.approx((0.2993, 0.7007), abs=1e-4)
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     folder = tiny_checkpoint("llama", tmp_path_factory.mktemp("pk") / "llama")
-    return hf.load_model(hf.HFConfig(name=str(folder)), torch.device("cpu"))
+    return load.load_model(load.HFConfig(name=str(folder)), torch.device("cpu"))
 
 
 @pytest.mark.parametrize("name", [None, "yarn", "logn"])
 def test_greedy_with_a_cache_equals_recomputing_the_whole_sequence(model, tokenizer, name):
     """The KV cache keeps the variant's frequencies (set for the prompt's length) for the
     generated tokens: the tokens are those of a full forward pass at every step."""
-    spec = hf.rope_spec(model.config, None, "tiny")
+    spec = rope.rope_spec(model.config, None, "tiny")
     variant = None
     if name:
-        (variant,) = hf.build_variants(EvalConfig(variants={name: {"name": name}}), spec)
+        (variant,) = rope.build_variants(EvalConfig(variants={name: {"name": name}}), spec)
     rng = random.Random(1)
     ids = [rng.randrange(1, len(tokenizer)) for _ in range(3 * CONTEXT)]
     seen: list[list[int]] = []
@@ -145,7 +149,7 @@ def test_greedy_with_a_cache_equals_recomputing_the_whole_sequence(model, tokeni
         seen.append(list(tokens))
         return ""  # never an integer: generation runs to max_new (or EOS)
 
-    with hf.rope_variant(model, variant, spec, len(ids), "pe_bench"), torch.no_grad():
+    with rope.rope_variant(model, variant, spec, len(ids), "pe_bench"), torch.no_grad():
         passkey.greedy(model, ids, 5, decode)
         generated = seen[-1]
         sequence = list(ids)
@@ -166,7 +170,7 @@ def test_the_report_section_has_a_table_and_a_depth_by_length_figure(tmp_path):
             "seed": 0,
             "train_len": 128,
             "eval_len": length,
-            "mode": passkey.MODE,
+            "mode": PASSKEY_MODE,
             "stride": length,
             "status": "ok",
             "correct": correct,
@@ -182,7 +186,7 @@ def test_the_report_section_has_a_table_and_a_depth_by_length_figure(tmp_path):
             rec("yarn", 256, [1, 1, 0, 1]),
         ]
     )
-    lines = passkey.section(records, tmp_path, bins=2)
+    lines = passkey_section(records, tmp_path, bins=2)
     text = "\n".join(lines)
     assert "## Passkey retrieval" in text
     assert "| tiny      | 1.00 [0.51, 1.00] | 0.25 [0.05, 0.70] |" in text
@@ -190,4 +194,4 @@ def test_the_report_section_has_a_table_and_a_depth_by_length_figure(tmp_path):
     depths = pd.read_csv(tmp_path / "tables" / "passkey_depth.csv")
     row = depths[(depths["label"] == "tiny+yarn") & (depths["eval_len"] == 256)]
     assert row["acc"].tolist() == [1.0, 0.5] and row["trials"].tolist() == [2, 2]
-    assert passkey.section(records.assign(mode="nonoverlap"), tmp_path) == []
+    assert passkey_section(records.assign(mode="nonoverlap"), tmp_path) == []

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from pe_bench.errors import UserError
-from pe_bench.place import protocol_overrides, scheme_overrides
-from pe_bench.results import load_records
+from pe_bench.records import load_records
+from pe_bench.run.place import protocol_overrides, scheme_overrides
 
 from .helpers import TINY, pe_bench
 
@@ -60,7 +60,7 @@ def test_a_plugin_is_placed_beside_a_committed_sweep_without_retraining_it(tmp_p
     args = ["my_pe", "--onto", str(committed), "--plugin", "my_pe", "--out", str(out)]
     place = [str(Path(sys.executable).parent / "pe-bench-place"), *args]
     if not shutil.which(place[0]):
-        place = [sys.executable, "-c", "from pe_bench.place import main; main()", *args]
+        place = [sys.executable, "-c", "from pe_bench.run.place import main; main()", *args]
     proc = subprocess.run(place, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = load_records(out)

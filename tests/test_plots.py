@@ -6,8 +6,8 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from PIL import Image
 
-from pe_bench import aggregate, plots
 from pe_bench.positions import scheme_family
+from pe_bench.report import aggregate, figures
 
 from .helpers import prepared, three_seeds
 
@@ -17,14 +17,14 @@ def labelled_lines(ax) -> list:
 
 
 def test_classic_labels_keep_their_style_whatever_else_is_there():
-    few = plots.styles(["rope", "alibi"])
-    many = plots.styles([*plots.CLASSIC_LABELS, "fire", "rope+yarn"])
+    few = figures.styles(["rope", "alibi"])
+    many = figures.styles([*figures.CLASSIC_LABELS, "fire", "rope+yarn"])
     assert few["rope"] == many["rope"] and few["alibi"] == many["alibi"]
 
 
 def test_twenty_labels_differ_in_colour_and_in_black_and_white():
-    labels = [*plots.CLASSIC_LABELS, *(f"scheme{i}" for i in range(11))]
-    style = plots.styles(labels).values()
+    labels = [*figures.CLASSIC_LABELS, *(f"scheme{i}" for i in range(11))]
+    style = figures.styles(labels).values()
     assert len({(s.color, s.linestyle) for s in style}) == 20
     assert len({(s.marker, s.linestyle) for s in style}) == 20
 
@@ -32,21 +32,21 @@ def test_twenty_labels_differ_in_colour_and_in_black_and_white():
 def test_no_two_labels_share_colour_and_marker():
     # The zoo has 21 labels: past 11 the colours come round, and the legend swatches (colour and
     # marker, the line too short to show its dashes) must still tell every label apart.
-    labels = [*plots.CLASSIC_LABELS, *(f"scheme{i}" for i in range(40))]
-    style = plots.styles(labels).values()
+    labels = [*figures.CLASSIC_LABELS, *(f"scheme{i}" for i in range(40))]
+    style = figures.styles(labels).values()
     assert len({(s.color, s.marker) for s in style}) == len(labels)
 
 
 def test_a_long_legend_wraps_into_columns_inside_the_figure():
-    labels = [*plots.CLASSIC_LABELS, *(f"scheme{i}" for i in range(21))]
+    labels = [*figures.CLASSIC_LABELS, *(f"scheme{i}" for i in range(21))]
     rows = [
         {"label": lab, "eval_len": length, "mean": 2.0 + i, "n": 1}
         for i, lab in enumerate(labels)
         for length in (16, 32)
     ]
     stats = pd.DataFrame(rows).assign(ci_low=float("nan"), ci_high=float("nan"))
-    with plots.theme():
-        fig = plots.length_figure(stats, plots.styles(labels), "ppl", train_len=16)
+    with figures.theme():
+        fig = figures.length_figure(stats, figures.styles(labels), "ppl", train_len=16)
         renderer = FigureCanvasAgg(fig).get_renderer()
         fig.draw(renderer)
         texts = fig.legends[0].get_texts()
@@ -59,13 +59,13 @@ def test_a_long_legend_wraps_into_columns_inside_the_figure():
 def test_length_figure_has_a_line_per_label_and_bands_where_seeds():
     df = prepared(three_seeds())
     stats = aggregate.seed_stats(df, "ppl")
-    fig = plots.length_figure(stats, plots.styles(["rope", "alibi"]), "ppl", train_len=16)
+    fig = figures.length_figure(stats, figures.styles(["rope", "alibi"]), "ppl", train_len=16)
     (ax,) = fig.axes
     lines = labelled_lines(ax)
     assert [line.get_label() for line in lines] == ["rope", "alibi"]
     alibi = stats[stats["label"] == "alibi"]
     assert list(lines[1].get_ydata()) == list(alibi["mean"])
-    assert lines[1].get_color() == plots.styles(["alibi"])["alibi"].color
+    assert lines[1].get_color() == figures.styles(["alibi"])["alibi"].color
     assert len(ax.collections) == 1  # a CI band for alibi (3 seeds), none for rope (1 seed)
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["rope", "alibi"]
 
@@ -82,16 +82,16 @@ def test_thirty_labels_are_drawn_as_a_panel_per_family():
         for length in (16, 32)
     ]
     stats = pd.DataFrame(rows).assign(ci_low=float("nan"), ci_high=float("nan"))
-    fig = plots.length_figure(stats, plots.styles(labels), "ppl", 16, families=families)
+    fig = figures.length_figure(stats, figures.styles(labels), "ppl", 16, families=families)
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert sorted(ax.get_title() for ax in panels) == sorted(set(families.values()))
     for ax in panels:
         members = [lab for lab in labels if families[lab] == ax.get_title()]
         assert [t.get_text() for t in ax.get_legend().get_texts()] == members
-        landmarks = [t.get_text() for t in ax.texts if t.get_text() in plots.LANDMARKS]
-        assert sorted(landmarks) == sorted(set(plots.LANDMARKS) - set(members))
-    few = plots.length_figure(
-        stats[stats["label"].isin(labels[:5])], plots.styles(labels), "ppl", 16, families=families
+        landmarks = [t.get_text() for t in ax.texts if t.get_text() in figures.LANDMARKS]
+        assert sorted(landmarks) == sorted(set(figures.LANDMARKS) - set(members))
+    few = figures.length_figure(
+        stats[stats["label"].isin(labels[:5])], figures.styles(labels), "ppl", 16, families=families
     )
     assert len(few.axes) == 1  # a handful of lines stay in one panel
 
@@ -111,7 +111,7 @@ def test_position_figure_has_a_panel_per_eval_length():
         for length in (16, 32, 64, 128)
         for p in (1, 2, 4)
     ]
-    fig = plots.position_figure(pd.DataFrame(rows), plots.styles(["rope", "alibi"]), 16)
+    fig = figures.position_figure(pd.DataFrame(rows), figures.styles(["rope", "alibi"]), 16)
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert [ax.get_title() for ax in panels] == [
         f"windows of {n} tokens" for n in (16, 32, 64, 128)
@@ -126,7 +126,7 @@ def test_curve_figure_has_training_and_validation_panels():
         for split in ("train", "valid")
         for step in (10, 20)
     ]  # fmt: skip
-    fig = plots.curve_figure(pd.DataFrame(rows), plots.styles(["rope"]))
+    fig = figures.curve_figure(pd.DataFrame(rows), figures.styles(["rope"]))
     assert [ax.get_title() for ax in fig.axes] == ["training loss", "validation loss"]
     assert all(len(labelled_lines(ax)) == 1 for ax in fig.axes)
 
@@ -134,17 +134,17 @@ def test_curve_figure_has_training_and_validation_panels():
 def test_heatmap_annotates_every_cell():
     df = prepared(three_seeds())
     ratio = aggregate.ratio_table(aggregate.seed_stats(df, "bpb"), baseline=16)
-    fig = plots.ratio_heatmap(ratio, "bpb", 16)
+    fig = figures.ratio_heatmap(ratio, "bpb", 16)
     texts = [t.get_text() for t in fig.axes[0].texts]
     assert texts == ["1.00", f"{2.0 / 0.9:.2f}", "1.00", f"{1.5 / 1.2:.2f}"]  # rope, alibi
 
 
 def test_saved_figures_are_valid_and_byte_stable(tmp_path):
     stats = aggregate.seed_stats(prepared(three_seeds()), "bpb")
-    style = plots.styles(["rope", "alibi"])
-    with plots.theme():
-        first = plots.save(plots.length_figure(stats, style, "bpb", 16), tmp_path / "a", "f")
-        second = plots.save(plots.length_figure(stats, style, "bpb", 16), tmp_path / "b", "f")
+    style = figures.styles(["rope", "alibi"])
+    with figures.theme():
+        first = figures.save(figures.length_figure(stats, style, "bpb", 16), tmp_path / "a", "f")
+        second = figures.save(figures.length_figure(stats, style, "bpb", 16), tmp_path / "b", "f")
     assert first.read_bytes() == second.read_bytes()
     assert first.with_suffix(".pdf").read_bytes() == second.with_suffix(".pdf").read_bytes()
     assert first.with_suffix(".pdf").read_bytes().startswith(b"%PDF")

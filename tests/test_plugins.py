@@ -17,8 +17,8 @@ import pytest
 from pe_bench.conformance import assert_conforms
 from pe_bench.errors import UserError
 from pe_bench.positions import base, scheme_class
-from pe_bench.report import build_report
-from pe_bench.results import load_records
+from pe_bench.records import load_records
+from pe_bench.report.build import build_report
 
 from .helpers import TINY, pe_bench
 

@@ -1,4 +1,4 @@
-"""Context-use probes (pe_bench/probes.py): hand-built models whose answers are known, the
+"""Context-use probes (pe_bench/run/probes.py): hand-built models whose answers are known, the
 copy probe's sequences, attention weights equal to what the model attends with, caching and
 resume in the job folder, bad input, and the report's section."""
 
@@ -13,13 +13,15 @@ import pytest
 import torch
 from torch import Tensor
 
-from pe_bench import cli, probes, report
+from pe_bench import cli
 from pe_bench.errors import UserError
-from pe_bench.evaluate import PROBES, EvalConfig
-from pe_bench.model import GPT, CausalSelfAttention, ModelConfig
-from pe_bench.plan import plan
+from pe_bench.model.gpt import GPT, CausalSelfAttention, ModelConfig
 from pe_bench.positions import ModelDims, PositionScheme
-from pe_bench.results import RECORDS, read_jsonl, write_jsonl
+from pe_bench.records import PROBES, RECORDS, read_jsonl, write_jsonl
+from pe_bench.report.build import build_report
+from pe_bench.run import probes
+from pe_bench.run.evaluate import EvalConfig
+from pe_bench.run.plan import plan
 
 from .helpers import compose, record, tiny_model, with_variant
 
@@ -343,7 +345,7 @@ def probe_folder(tmp_path, retrieval_gains: dict[str, float]):
 
 def test_the_report_says_when_the_copy_probe_has_no_signal(tmp_path):
     folder = probe_folder(tmp_path, {"rope": 0.004, "alibi": 0.03})
-    built = report.build_report(folder, echo=False)
+    built = build_report(folder, echo=False)
     text = built.path.read_text()
     section = text.split("## Context use")[1].split("\n## ")[0]
     assert "**No signal.** At the shortest distance, D = 8 (< L_train = 16)" in section
@@ -360,7 +362,7 @@ def test_the_report_says_when_the_copy_probe_has_no_signal(tmp_path):
 
 def test_the_report_names_the_labels_with_signal(tmp_path):
     folder = probe_folder(tmp_path, {"rope": 0.004, "alibi": 0.8})
-    text = report.build_report(folder, echo=False).path.read_text()
+    text = build_report(folder, echo=False).path.read_text()
     assert "No signal" not in text
     assert "Signal at D = 8 (< L_train = 16) (gain >= 0.05 bits, CI excluding 0): alibi; " in text
     assert "no signal (their numbers are noise): rope." in text
@@ -373,7 +375,7 @@ def test_seeds_give_the_probe_cells_their_confidence_interval(tmp_path):
         rows += [record("rope", seed, 16, 2.0, **run), record("rope", seed, 32, 2.0, **run)]
         rows += [probe_record("rope", "context_gain", 32, gain, seed=seed, **run)]
         write_jsonl(tmp_path / f"s{seed}" / RECORDS, [r for r in rows if r["seed"] == seed])
-    context = report.build_report(tmp_path, echo=False).context.tables["context_gain"]
+    context = build_report(tmp_path, echo=False).context.tables["context_gain"]
     (cell,) = context.itertuples()
     half = 4.302653 * 0.1 / math.sqrt(3)  # t(0.975, 2) x sd / sqrt(n)
     assert (cell.n, cell.over) == (3, "seeds")

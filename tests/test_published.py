@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pe_bench.compare import CITATION_FIELDS, SETUP_FIELDS, load_published, load_ranking
 from pe_bench.errors import UserError
 from pe_bench.positions import registered
+from pe_bench.report.compare import CITATION_FIELDS, SETUP_FIELDS, load_published, load_ranking
 
 ALL_PUBLISHED = sorted((Path(__file__).parents[1] / "results" / "published").glob("*.yaml"))
 RANKINGS = [p for p in ALL_PUBLISHED if yaml.safe_load(p.read_text())["metric"] == "mrr"]

@@ -16,8 +16,13 @@ import pytest
 from matplotlib.figure import Figure
 from PIL import Image
 
-from pe_bench import aggregate, plots, report
-from pe_bench.results import write_jsonl
+from pe_bench.errors import UserError
+from pe_bench.records import write_jsonl
+from pe_bench.report import aggregate, figures
+from pe_bench.report.build import build_report
+from pe_bench.report.cli import main as report_main
+from pe_bench.report.inputs import commands
+from pe_bench.report.sections import score_markdown
 
 from .helpers import CLASSIC, diverged, prepared, record, three_seeds, write_runs
 
@@ -96,12 +101,12 @@ def test_smoke_report_end_to_end(smoke):
 @pytest.mark.slow
 def test_smoke_figures_have_a_series_per_label(smoke):
     folder = smoke[1]
-    style = plots.styles(SMOKE_LABELS)
+    style = figures.styles(SMOKE_LABELS)
     stats = pd.read_csv(folder / "tables" / "ppl.csv")
-    fig = plots.length_figure(stats, style, "ppl", 16)
+    fig = figures.length_figure(stats, style, "ppl", 16)
     assert [t.get_text() for t in fig.legends[0].get_texts()] == SMOKE_LABELS
     positions = pd.read_csv(folder / "figures" / "position_loss.csv")
-    fig = plots.position_figure(positions, style, 16)
+    fig = figures.position_figure(positions, style, 16)
     lengths = sorted(positions["eval_len"].unique())
     assert [ax.get_title() for ax in fig.axes] == [f"windows of {n} tokens" for n in lengths]
     for ax, length in zip(fig.axes, lengths, strict=True):
@@ -114,7 +119,7 @@ def test_smoke_figures_have_a_series_per_label(smoke):
         # the dotted training-length line, in the panels longer than the training length
         assert unlabelled_xs(ax) == ([[16, 16]] if length > 16 else [])
     curves = pd.read_csv(folder / "figures" / "training_curves.csv")
-    fig = plots.curve_figure(curves, style)
+    fig = figures.curve_figure(curves, style)
     assert [ax.get_title() for ax in fig.axes] == ["training loss", "validation loss"]
     for ax, split in zip(fig.axes, ["train", "valid"], strict=True):
         at = curves[curves["split"] == split]
@@ -142,7 +147,7 @@ def unlabelled_xs(ax) -> list[list]:
 
 @pytest.mark.slow
 def test_options_metric_schemes_and_out(smoke, tmp_path, capsys):
-    report.main(
+    report_main(
         [str(smoke[1]), "--metric", "bpb", "--schemes", "rope", "alibi", "--out", str(tmp_path)]
     )
     assert (tmp_path / "figures" / "bpb_vs_length.png").exists()
@@ -157,7 +162,7 @@ def test_options_metric_schemes_and_out(smoke, tmp_path, capsys):
 
 def test_seeds_give_confidence_intervals(tmp_path, capsys):
     write_runs(tmp_path, three_seeds())
-    report.main([str(tmp_path), "--metric", "nll"])
+    report_main([str(tmp_path), "--metric", "nll"])
     (table,) = markdown_tables((tmp_path / "tables" / "nll.md").read_text())
     half = 4.302652729911275 * 0.2 / math.sqrt(3)
     assert table[2] == [
@@ -176,7 +181,7 @@ def test_diverged_runs_are_shown(tmp_path):
         *diverged("xl", 0, step=40),
     ]
     write_runs(tmp_path, rows)
-    report.build_report(tmp_path, echo=False)
+    build_report(tmp_path, echo=False)
     text = (tmp_path / "report.md").read_text()
     tables = markdown_tables(text)
     assert tables[0][1] == ["xl †", "diverged", "diverged"] and tables[0][3][0] == "alibi †"
@@ -192,7 +197,7 @@ def test_the_report_ranks_only_what_the_seeds_separate(tmp_path):
     for seed, shift in enumerate([-0.1, 0.1, 0.0]):
         rows += [record("rope", seed, 16, 1.2 + shift), record("rope", seed, 32, 2.0 + seed * 0.2)]
     write_runs(tmp_path, rows)
-    report.build_report(tmp_path, echo=False)
+    build_report(tmp_path, echo=False)
     text = (tmp_path / "report.md").read_text()
     (ranks,) = section_tables(text, "Which differences the seeds support")
     assert ranks == [["scheme", "16", "32"], ["rope", "1", "2"], ["alibi", "1", "1"]]
@@ -210,7 +215,7 @@ def test_caveats_travel_with_the_numbers(tmp_path):
     caveat = "key term a^K only"
     rows = [*three_seeds(), record("shaw", 0, 16, 1.1, caveat=caveat), record("shaw", 0, 32, 1.4)]
     write_runs(tmp_path, rows)
-    report.build_report(tmp_path, echo=False)
+    build_report(tmp_path, echo=False)
     text = (tmp_path / "report.md").read_text()
     value_section = text.split("## Ratio to")[0]
     assert f"Caveat, shaw: {caveat}." in value_section
@@ -219,7 +224,7 @@ def test_caveats_travel_with_the_numbers(tmp_path):
 
 def test_empty_folder_is_one_line_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        report.main([str(tmp_path)])
+        report_main([str(tmp_path)])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("pe-bench-report: error: no records under") and err.count("\n") == 1
@@ -231,7 +236,7 @@ def test_mixed_protocols_are_one_line_error(tmp_path, capsys):
         [r if r["scheme"] == "rope" else {**r, "corpus": "wikitext"} for r in three_seeds()],
     )
     with pytest.raises(SystemExit):
-        report.main([str(tmp_path)])
+        report_main([str(tmp_path)])
     err = capsys.readouterr().err
     assert "records disagree on corpus: stdlib (rope); wikitext (alibi)" in err
     assert err.count("\n") == 1
@@ -243,14 +248,14 @@ def test_corrupt_line_is_skipped_with_file_and_line(tmp_path):
     good = path.read_text().splitlines()
     path.write_text("\n".join([good[0], '{"run_id": "rope-0", "sch', good[1]]) + "\n")
     with pytest.warns(UserWarning, match=r"rope-0/records.jsonl:2: corrupt line skipped"):
-        rep = report.build_report(tmp_path, echo=False)
+        rep = build_report(tmp_path, echo=False)
     assert rep.tables["nll"]["n"].tolist() == [1, 1, 3, 3]
 
 
 def test_bad_baseline_is_one_line_error(tmp_path, capsys):
     write_runs(tmp_path, three_seeds())
     with pytest.raises(SystemExit):
-        report.main([str(tmp_path), "--baseline", "20"])
+        report_main([str(tmp_path), "--baseline", "20"])
     assert (
         "baseline length 20 is not an eval length; the records have 16, 32"
         in capsys.readouterr().err
@@ -265,7 +270,7 @@ def test_commands_come_from_hydra_files(tmp_path):
     write_runs(tmp_path / "single", [record("t5", 0, 16, 1.0)])
     (tmp_path / "single" / "t5-0" / ".hydra").mkdir()
     (tmp_path / "single" / "t5-0" / ".hydra" / "overrides.yaml").write_text("- pe=t5\n")
-    assert report.commands(tmp_path) == [
+    assert commands(tmp_path) == [
         "pe-bench pe=t5",
         "pe-bench -m pe=rope,alibi 'eval.factors=[1,2]'",
     ]
@@ -282,7 +287,7 @@ def test_every_report_file_replaces_the_old_one_whole(tmp_path, monkeypatch):
     """Figures, their data, tables and report.md each reach their place by one os.replace of a
     temporary file beside them: a report killed at any moment leaves each file old or new."""
     write_runs(tmp_path, three_seeds())
-    report.build_report(tmp_path, echo=False)
+    build_report(tmp_path, echo=False)
     replaced = []
     real_replace = os.replace
 
@@ -291,7 +296,7 @@ def test_every_report_file_replaces_the_old_one_whole(tmp_path, monkeypatch):
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", replace)
-    report.build_report(tmp_path, echo=False)
+    build_report(tmp_path, echo=False)
     written = sorted(report_files(tmp_path))
     assert sorted(dst for _, dst in replaced) == written
     assert all(folder == dst.parent for folder, dst in replaced)
@@ -301,7 +306,7 @@ def test_a_figure_that_fails_midway_leaves_the_old_one(tmp_path, monkeypatch):
     """A figure save that dies halfway through (a kill, a full disk) used to leave a truncated
     PNG in place of the good one."""
     write_runs(tmp_path, three_seeds())
-    report.build_report(tmp_path, echo=False)
+    build_report(tmp_path, echo=False)
     before = report_files(tmp_path)
 
     def broken_savefig(self, fname, **kwargs):
@@ -315,7 +320,7 @@ def test_a_figure_that_fails_midway_leaves_the_old_one(tmp_path, monkeypatch):
     write_runs(tmp_path, [{**r, "nll": r["nll"] + 1} for r in three_seeds()])  # new numbers
     monkeypatch.setattr(Figure, "savefig", broken_savefig)
     with pytest.raises(OSError, match="no space left"):
-        report.build_report(tmp_path, echo=False)
+        build_report(tmp_path, echo=False)
     figures = {p: b for p, b in report_files(tmp_path).items() if p.parent.name == "figures"}
     assert figures == {p: b for p, b in before.items() if p.parent.name == "figures"}
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
@@ -324,12 +329,12 @@ def test_a_figure_that_fails_midway_leaves_the_old_one(tmp_path, monkeypatch):
 def test_a_killed_reports_temporary_files_are_removed(tmp_path):
     """A report killed mid-write leaves its temporary file; the next report clears it."""
     write_runs(tmp_path, three_seeds())
-    report.build_report(tmp_path, echo=False)
+    build_report(tmp_path, echo=False)
     strays = [".report.md.ab12.tmp", "tables/.ppl.csv.cd34.tmp", "figures/.ratio_heatmap.pdf.x.tmp"]
     kept = [".records.jsonl.ef56.tmp", "notes.tmp", "figures/keep.txt"]
     for name in strays + kept:
         (tmp_path / name).write_bytes(b"")
-    report.build_report(tmp_path, echo=False)
+    build_report(tmp_path, echo=False)
     assert [name for name in strays + kept if (tmp_path / name).exists()] == kept
 
 
@@ -338,8 +343,8 @@ def test_two_reports_into_one_folder_at_once_are_refused(tmp_path):
     fd = os.open(tmp_path, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as a report writing there holds it
-        with pytest.raises(report.UserError, match="is being written by another report"):
-            report.build_report(tmp_path, echo=False)
+        with pytest.raises(UserError, match="is being written by another report"):
+            build_report(tmp_path, echo=False)
     finally:
         os.close(fd)
     assert not (tmp_path / "report.md").exists()
@@ -351,7 +356,7 @@ def test_another_run_in_a_job_folder_is_refused(tmp_path, capsys):
     path = tmp_path / "rope-0" / "records.jsonl"
     write_jsonl(path, [*read_rows(path), record("rope", 1, 16, 1.1)])
     with pytest.raises(SystemExit) as exit_info:
-        report.main([str(tmp_path)])
+        report_main([str(tmp_path)])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
@@ -367,7 +372,7 @@ def test_fine_tunes_share_their_models_folder(tmp_path):
         for r in read_rows(path)
     ]
     write_jsonl(path, [*read_rows(path), *tuned])
-    rep = report.build_report(tmp_path, echo=False)
+    rep = build_report(tmp_path, echo=False)
     assert rep.tables["nll"]["label"].unique().tolist() == ["rope", "rope:pi", "alibi"]
 
 
@@ -385,7 +390,7 @@ def oom(scheme: str, seed: int, eval_len: int) -> dict:
 def test_skipped_evaluations_are_listed_with_their_reason(tmp_path, capsys):
     rows = [r for r in three_seeds() if (r["run_id"], r["eval_len"]) != ("rope-0", 32)]
     write_runs(tmp_path, [*rows, oom("rope", 0, 32)])
-    report.build_report(tmp_path)
+    build_report(tmp_path)
     text = (tmp_path / "report.md").read_text()
     tables = markdown_tables(text)
     assert tables[0][1] == ["rope", "2.46 (n=1)", "– ‡"]
@@ -482,7 +487,7 @@ def test_bad_records_are_one_line_errors(tmp_path, capsys, what, setup, expected
     write_runs(tmp_path, three_seeds())
     setup(tmp_path)
     with pytest.raises(SystemExit) as exit_info:
-        report.main([str(tmp_path)])
+        report_main([str(tmp_path)])
     assert exit_info.value.code == 2, what
     err = capsys.readouterr().err
     assert err.startswith(f"pe-bench-report: error: {tmp_path}/") and err.count("\n") == 1, err
@@ -497,6 +502,6 @@ def test_score_table_is_best_first_and_ties_at_the_shown_digits_share_a_rank():
         rows += [record(lab, 0, 16, nll), record(lab, 0, 32, nll)]
     scores = aggregate.extrapolation_scores(prepared(rows)).set_index("label")
     assert scores["rank"].to_dict() == {"nope": 4, "rope": 1, "alibi": 3, "xpos": 1}
-    lines = report.score_markdown(scores.reset_index()).splitlines()[2:]
+    lines = score_markdown(scores.reset_index()).splitlines()[2:]
     cells = [[cell.strip() for cell in line.split("|")[1:3]] for line in lines]
     assert cells == [["=1", "rope"], ["=1", "xpos"], ["3", "alibi"], ["4", "nope"]]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pe_bench.errors import UserError
-from pe_bench.results import (
+from pe_bench.records import (
     atomic_write_bytes,
     atomic_write_text,
     load_records,

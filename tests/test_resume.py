@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from pe_bench import cli, evaluate
+from pe_bench import cli
 from pe_bench.errors import UserError
-from pe_bench.plan import plan
-from pe_bench.results import load_records, read_jsonl, write_jsonl
-from pe_bench.train import load_checkpoint, save_checkpoint
+from pe_bench.records import load_records, read_jsonl, write_jsonl
+from pe_bench.run import evaluate
+from pe_bench.run.plan import plan
+from pe_bench.run.train import load_checkpoint, save_checkpoint
 
 from .helpers import TINY, pe_bench
 
@@ -227,7 +228,7 @@ def test_finetunes_add_models_and_leave_the_trained_one_alone(tmp_path, tiny_con
 def aggregate_labels(rows: list[dict]) -> list[str]:
     import pandas as pd
 
-    from pe_bench import aggregate
+    from pe_bench.report import aggregate
 
     return aggregate.label_order(aggregate.prepare(pd.DataFrame(rows)))
 

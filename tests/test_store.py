@@ -11,8 +11,8 @@ import pytest
 
 from pe_bench import cli
 from pe_bench.errors import UserError
-from pe_bench.results import POSITIONS, RECORDS, read_jsonl, write_jsonl
-from pe_bench.store import LOCK, RunStore
+from pe_bench.records import POSITIONS, RECORDS, read_jsonl, write_jsonl
+from pe_bench.run.store import LOCK, RunStore
 
 
 def rows(folder: Path, name: str) -> list[dict]:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig, open_dict
 
-from pe_bench.report import commands
-from pe_bench.results import write_jsonl
-from pe_bench.sweep import (
+from pe_bench.records import write_jsonl
+from pe_bench.report.inputs import commands
+from pe_bench.run.sweep import (
     SweepCallback,
     log_command,
     plugin_pythonpath,

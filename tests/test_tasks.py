@@ -10,11 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from pe_bench import aggregate, cli
-from pe_bench.errors import UserError
-from pe_bench.evaluate import TaskScore, score_instances
-from pe_bench.report import build_report
-from pe_bench.tasks import (
+from pe_bench import cli
+from pe_bench.data.tasks import (
     BIT0,
     BOS,
     DIGITS,
@@ -36,6 +33,10 @@ from pe_bench.tasks import (
     build_task,
     load_task,
 )
+from pe_bench.errors import UserError
+from pe_bench.report import aggregate
+from pe_bench.report.build import build_report
+from pe_bench.run.evaluate import TaskScore, score_instances
 
 from .helpers import record, write_runs
 

@@ -13,12 +13,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pe_bench import cli, report, tokenizer
-from pe_bench.data import load_corpus
+from pe_bench import cli
+from pe_bench.data import tokenizer
+from pe_bench.data.corpus import load_corpus
+from pe_bench.data.tokenizer import ByteTokenizer, build_tokenizer
 from pe_bench.errors import UserError
-from pe_bench.plan import plan
-from pe_bench.results import load_records, make_record, write_jsonl
-from pe_bench.tokenizer import ByteTokenizer, build_tokenizer
+from pe_bench.records import load_records, make_record, write_jsonl
+from pe_bench.report.build import build_report
+from pe_bench.report.inputs import Options
+from pe_bench.run.plan import plan
 
 from .helpers import pe_bench, record
 
@@ -216,10 +219,10 @@ def mixed_records(root: Path) -> None:
 def test_a_report_refuses_to_mix_tokenizers_per_token(tmp_path):
     mixed_records(tmp_path)
     with pytest.raises(UserError, match=r"records mix tokenizers \(bpe \(4,096 ids, sha abab"):
-        report.build_report(tmp_path, echo=False)
+        build_report(tmp_path, echo=False)
     with pytest.raises(UserError, match="compare bits per byte with --metric bpb"):
-        report.build_report(tmp_path, options=report.Options(metric="nll"), echo=False)
-    made = report.build_report(tmp_path, options=report.Options(metric="bpb"), echo=False)
+        build_report(tmp_path, options=Options(metric="nll"), echo=False)
+    made = build_report(tmp_path, options=Options(metric="bpb"), echo=False)
     text = made.path.read_text()
     assert "The records mix tokenizers" in text and "tables are left out" in text
     assert (tmp_path / "tables" / "bpb.csv").exists()
@@ -253,7 +256,7 @@ def test_a_tiny_bpe_run_end_to_end(tiny_config, tmp_path):
 @pytest.mark.slow
 def test_the_byte_path_does_not_import_tokenizers():
     code = (
-        "import sys, pe_bench, pe_bench.cli, pe_bench.data as d; "
+        "import sys, pe_bench, pe_bench.cli, pe_bench.data.corpus as d; "
         "c = d.load_corpus({'source': 'stdlib'}); "
         "assert c.tokenizer.name == 'byte' and c.splits['test'].dtype.itemsize == 1; "
         "assert 'tokenizers' not in sys.modules, 'tokenizers imported'"

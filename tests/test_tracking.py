@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from pe_bench import tracking
 from pe_bench.errors import UserError
+from pe_bench.run import tracking
 
 from .helpers import TINY, pe_bench
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pe_bench.data import Corpus
+from pe_bench.data.corpus import Corpus
 from pe_bench.errors import UserError
-from pe_bench.train import FinetuneConfig, TrainConfig, finetune, fit, lr_at, validation_loss
+from pe_bench.run.train import FinetuneConfig, TrainConfig, finetune, fit, lr_at, validation_loss
 
 from .helpers import tiny_model
 

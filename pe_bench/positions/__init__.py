@@ -36,6 +36,7 @@ from pe_bench.positions import (  # noqa: F401  (importing registers the built-i
     rotary_zoo,
 )
 from pe_bench.positions.base import ModelDims, PositionScheme, register, registered
+from pe_bench.positions.rotary import RoPE
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -182,8 +183,6 @@ def scheme_family(name: str) -> str:
     (RoPE and its subclasses), additive bias (a content-free ``score_bias``), absolute or
     none (embeddings, NoPE), content-dependent and gated (the rest); an unregistered
     scheme's records (a plugin not imported) are plugins."""
-    from pe_bench.positions.rotary import RoPE
-
     cls = registered().get(name)
     if cls is None:
         return "plugins"

@@ -77,7 +77,7 @@ class PositionScheme(nn.Module):
 
     A scheme whose ``score_bias`` is a fast path also defines ``score_bias_reference`` with
     the same signature: the formula written out, which the conformance kit
-    (``pe_bench.conformance``) holds equal to the fast path on every unmasked entry.
+    (``pe_bench.conformance.kit``) holds equal to the fast path on every unmasked entry.
 
     The attention module picks its path from which hooks a scheme overrides
     (``has_score_bias``), so the model never branches on scheme names.

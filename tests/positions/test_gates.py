@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pe_bench.attention import attention_logits, causal_allowed
+from pe_bench.model.attention import attention_logits, causal_allowed
 from pe_bench.positions import build_scheme
 
 from ..helpers import tiny_model

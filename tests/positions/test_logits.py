@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pe_bench.attention import attention_logits, causal_allowed
 from pe_bench.errors import UserError
+from pe_bench.model.attention import attention_logits, causal_allowed
 from pe_bench.positions import build_scheme
 from pe_bench.positions import logits as logits_module
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pe_bench.attention import causal_allowed
+from pe_bench.model.attention import causal_allowed
 from pe_bench.positions import ModelDims, build_scheme
 from pe_bench.positions.relative import rel_shift
 

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from pe_bench.attention import attention_logits, causal_allowed
 from pe_bench.errors import UserError
+from pe_bench.model.attention import attention_logits, causal_allowed
 from pe_bench.positions import build_scheme
 from pe_bench.positions.rotary import rotate_half
 

@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from pe_bench.attention import attention_logits
 from pe_bench.errors import UserError
+from pe_bench.model.attention import attention_logits
 from pe_bench.positions import ModelDims, build_scheme
 from pe_bench.positions.rotary import apply_rotary
 

@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from pe_bench.attention import attention_logits
 from pe_bench.conformance import assert_conforms
 from pe_bench.errors import UserError
+from pe_bench.model.attention import attention_logits
 from pe_bench.positions import ModelDims, build_scheme
 
 DIMS = ModelDims(d_model=32, num_heads=4, head_dim=8, num_layers=4, train_len=16)

@@ -23,13 +23,13 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from pe_bench.config import Range, check_fields
-from pe_bench.data import Corpus
-from pe_bench.distributed import World
+from pe_bench.data.corpus import Corpus
+from pe_bench.data.tasks import TaskData
 from pe_bench.errors import UserError
-from pe_bench.model import GPT
+from pe_bench.model.gpt import GPT
 from pe_bench.positions import PositionScheme
-from pe_bench.results import atomic_write
-from pe_bench.tasks import TaskData
+from pe_bench.records import atomic_write
+from pe_bench.run.distributed import World
 
 log = logging.getLogger(__name__)
 

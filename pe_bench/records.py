@@ -1,7 +1,7 @@
 """Records: one JSON line per (run, variant, eval length, mode), written atomically.
 
 Each run directory holds ``records.jsonl`` (the numbers), ``positions.jsonl`` (per-position
-loss per eval length) and ``curve.jsonl`` (training curve); ``pe_bench.store.RunStore`` owns
+loss per eval length) and ``curve.jsonl`` (training curve); ``pe_bench.run.store.RunStore`` owns
 them. ``make_record`` builds every record and ``RECORD_KEY`` names what identifies one. Files
 are rewritten whole through a temporary file and ``os.replace``, so a crash leaves the old file
 or the new one, never a half line (``atomic_write``, also for the report's figures).
@@ -41,6 +41,11 @@ COMMANDS = "commands.txt"  # in a sweep folder: the command of every sweep that 
 
 # A record's identity within its run (with its ``run_id``): a record with the same run id and
 # the same values of these fields is the same measurement, computed once.
+# The ``mode`` of a record says what it measures:
+MODES = ("nonoverlap", "sliding")  # perplexity over windows (pe_bench/run/evaluate.py)
+PROBES = ("context_gain", "retrieval", "attention")  # context-use probes (pe_bench/run/probes.py)
+TASK_MODE = "task"  # a synthetic task (pe_bench/data/tasks.py): instances, not windows
+PASSKEY_MODE = "passkey"  # passkey retrieval on a pretrained model (pe_bench/pretrained/passkey.py)
 RECORD_KEY = ("variant", "variant_hash", "eval_len", "mode", "stride", "tokens")
 
 
@@ -48,6 +53,14 @@ def sweep_command(overrides: Iterable[str]) -> str:
     """The ``pe-bench -m`` command line of a sweep with ``overrides``, as ``COMMANDS`` and the
     report's Reproduce section write it."""
     return shlex.join(["pe-bench", "-m", *overrides])
+
+
+def searchpath(hydra_overrides: list[str]) -> list[str]:
+    """The ``hydra.searchpath=...`` and ``hydra.sweep.dir=...`` overrides among Hydra's own: a
+    command that finds a plugin's YAML through the one, or writes where the other says,
+    cannot be rerun without them."""
+    kept = ("hydra.searchpath", "hydra.sweep.dir")
+    return [o for o in hydra_overrides if o.split("=", 1)[0] in kept]
 
 
 def record_key(record: dict) -> tuple:

@@ -30,19 +30,15 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from pe_bench.config import Range, check_fields
+from pe_bench.data.tasks import IGNORE, TaskData
 from pe_bench.errors import UserError
-from pe_bench.model import GPT
+from pe_bench.model.gpt import GPT
 from pe_bench.positions import PositionScheme
-from pe_bench.results import RECORD_KEY, peak_memory_mb, reset_peak_memory
-from pe_bench.tasks import IGNORE, TaskData
-from pe_bench.train import autocast, swap_scheme
+from pe_bench.records import MODES, PROBES, RECORD_KEY, TASK_MODE, peak_memory_mb, reset_peak_memory
+from pe_bench.run.train import autocast, swap_scheme
 
 log = logging.getLogger(__name__)
 
-MODES = ("nonoverlap", "sliding")
-# The context-use probes (pe_bench/probes.py); each is the ``mode`` of its records.
-PROBES = ("context_gain", "retrieval", "attention")
-TASK_MODE = "task"  # the records of a synthetic task (pe_bench.tasks): instances, not windows
 AT_LEAST_1 = Range(ge=1)
 
 
@@ -55,7 +51,7 @@ class EvalConfig:
     tokens: Annotated[int, AT_LEAST_1] = 65536  # targets scored at every length
     batch_tokens: Annotated[int, AT_LEAST_1] = 8192  # tokens per forward pass
     variants: dict[str, Any] | None = None  # eval-time variants: key -> pe config (null: none)
-    # Context-use probes after perplexity (pe_bench/probes.py) and their sizes.
+    # Context-use probes after perplexity (pe_bench/run/probes.py) and their sizes.
     probes: list[str] = field(default_factory=lambda: list(PROBES))
     context_windows: Annotated[int, Range(ge=2)] = 8  # windows per eval length (CI over them)
     context_targets: Annotated[int, AT_LEAST_1] = 8  # targets scored per window
@@ -276,7 +272,7 @@ class Scored:
 
 @dataclass
 class TaskScore:
-    """A synthetic task's evaluation at one length (``pe_bench.tasks``): teacher-forced counts
+    """A synthetic task's evaluation at one length (``pe_bench.data.tasks``): teacher-forced counts
     over the answer tokens of its instances."""
 
     solved: int  # instances whose every answer token's argmax is right (exact match)

@@ -20,7 +20,7 @@ import pandas as pd
 
 from pe_bench.config import from_node, to_dict
 from pe_bench.errors import UserError
-from pe_bench.evaluate import PROBES
+from pe_bench.records import PROBES
 
 WANDB_MODES = ("offline", "online", "disabled")
 
@@ -44,7 +44,7 @@ class Tracker:
         """The records of a finished job."""
 
     def log_report(self, report: Any) -> None:
-        """The tables and figures of a ``pe_bench.report.Report``."""
+        """The tables and figures of a ``pe_bench.report.build.Report``."""
 
     def finish(self) -> None:
         """Close the run."""

@@ -1,4 +1,4 @@
-"""Figures of a report, drawn from the aggregated tables (``pe_bench.aggregate``) only.
+"""Figures of a report, drawn from the aggregated tables (``pe_bench.report.aggregate``) only.
 
 Every label keeps one style (colour, marker, line style) in every figure. Colours come from
 seaborn's colour-blind palette; markers and line styles tell the lines apart in black and white
@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, ScalarFormatter
 
-from pe_bench.results import atomic_write
+from pe_bench.records import atomic_write
 
 CLASSIC_LABELS = (
     "nope",

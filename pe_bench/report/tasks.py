@@ -1,4 +1,4 @@
-"""The report of synthetic-task runs (``pe_bench.tasks``): accuracy instead of perplexity.
+"""The report of synthetic-task runs (``pe_bench.data.tasks``): accuracy instead of perplexity.
 
 ``report.build_report`` hands it the records of a folder whose runs trained on tasks (mode
 ``task``); a folder that mixes them with perplexity records is refused, so one report never
@@ -23,27 +23,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from pe_bench import aggregate, compare, plots
-from pe_bench.aggregate import TASK_METRICS
-from pe_bench.evaluate import TASK_MODE
-from pe_bench.report import (
-    Options,
-    Report,
-    commands,
-    distinct,
-    markdown_table,
-    pairwise_tables,
-    ranks_markdown,
-    report_lock,
-    runs_markdown,
-    shared_count,
-    shared_value,
-    trained_models,
-    value_markdown,
-    write_csv,
-)
-from pe_bench.results import atomic_write_text
-from pe_bench.tasks import TASKS
+from pe_bench.data.tasks import TASKS
+from pe_bench.records import TASK_MODE, atomic_write_text
+from pe_bench.report import aggregate, compare, figures
+from pe_bench.report.aggregate import TASK_METRICS
+from pe_bench.report.inputs import Options, Report, commands, report_lock
+from pe_bench.report.markdown import distinct, markdown_table, shared_count, shared_value, write_csv
+from pe_bench.report.sections import runs_markdown, trained_models, value_markdown
+from pe_bench.report.significance import pairwise_tables, ranks_markdown
 
 TITLES = {"exact_match": "Exact match", "token_acc": "Token accuracy"}
 LEARNED = 0.5  # mean exact match at the training length below which a task counts as not learned
@@ -123,14 +110,14 @@ def draw_task_figures(
     folder: Path, report: Report, tasks: list[str], df: pd.DataFrame
 ) -> dict[str, Path]:
     train_len = train_lengths(df, tasks)
-    style = plots.styles(aggregate.label_order(df))
-    figures = {}
-    with plots.theme():
+    style = figures.styles(aggregate.label_order(df))
+    drawn = {}
+    with figures.theme():
         for metric in TASK_METRICS:
             stats = {task: report.tables[f"{task}_{metric}"] for task in tasks}
-            figure = plots.task_figure(stats, style, metric, train_len)
-            figures[metric] = plots.save(figure, folder, f"{metric}_vs_length")
-    return figures
+            figure = figures.task_figure(stats, style, metric, train_len)
+            drawn[metric] = figures.save(figure, folder, f"{metric}_vs_length")
+    return drawn
 
 
 def mrr_markdown(mrr: pd.DataFrame, tasks: list[str]) -> str:

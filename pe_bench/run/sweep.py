@@ -26,10 +26,12 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from pe_bench import tracking
-from pe_bench.distributed import rank_from_env
 from pe_bench.errors import UserError
-from pe_bench.results import COMMANDS, atomic_write_text, sweep_command
+from pe_bench.records import COMMANDS, atomic_write_text, searchpath, sweep_command
+from pe_bench.report.build import build_report
+from pe_bench.report.inputs import Options
+from pe_bench.run import tracking
+from pe_bench.run.distributed import rank_from_env
 
 log = logging.getLogger("pe_bench")
 
@@ -111,14 +113,6 @@ class SweepCallback(Callback):
             sys.exit(1)
 
 
-def searchpath(hydra_overrides: list[str]) -> list[str]:
-    """The ``hydra.searchpath=...`` and ``hydra.sweep.dir=...`` overrides among Hydra's own: a
-    command that finds a plugin's YAML through the one, or writes where the other says,
-    cannot be rerun without them."""
-    kept = ("hydra.searchpath", "hydra.sweep.dir")
-    return [o for o in hydra_overrides if o.split("=", 1)[0] in kept]
-
-
 def log_command(sweep_dir: Path, overrides: list[str]) -> str:
     """Add this sweep's command to the folder's ``COMMANDS`` (Hydra's multirun.yaml keeps only
     the last sweep's): a report of a folder that several sweeps filled, say seeds 1,2 added to a
@@ -182,8 +176,6 @@ def with_pythonpath(sweep_dir: Path, command: str, pythonpath: str) -> str:
 def write_report(root: Path, config: DictConfig) -> bool:
     """Write the report of ``root``; with logger=wandb, log it as a run of the sweep's group.
     False (after logging why) when the records cannot make a report: the caller exits 1."""
-    from pe_bench.report import Options, build_report
-
     try:
         report = build_report(root, options=Options(compare=config.get("compare")))
         tracker = tracking.start(

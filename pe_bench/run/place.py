@@ -23,8 +23,8 @@ from pathlib import Path
 
 from pe_bench.errors import OneLineParser, UserError
 from pe_bench.positions import load_plugin, scheme_class
-from pe_bench.results import COMMANDS, load_records
-from pe_bench.sweep import (
+from pe_bench.records import COMMANDS, load_records
+from pe_bench.run.sweep import (
     command_lines,
     plugin_pythonpath,
     with_pythonpath_prefix,

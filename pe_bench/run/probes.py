@@ -52,11 +52,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from pe_bench.aggregate import t_interval
-from pe_bench.attention import MASK_BUDGET, causal_allowed, scheme_logits
 from pe_bench.config import config_hash
 from pe_bench.errors import UserError
-from pe_bench.evaluate import (
+from pe_bench.model.attention import MASK_BUDGET, causal_allowed, scheme_logits
+from pe_bench.model.gpt import GPT, CausalSelfAttention, ForwardContext
+from pe_bench.report.aggregate import t_interval
+from pe_bench.run.evaluate import (
     MODES,
     OUT_OF_MEMORY,
     EvalConfig,
@@ -64,11 +65,10 @@ from pe_bench.evaluate import (
     is_out_of_memory,
     scheme_swapped,
 )
-from pe_bench.model import GPT, CausalSelfAttention, ForwardContext
-from pe_bench.train import autocast
+from pe_bench.run.train import autocast
 
 if TYPE_CHECKING:
-    from pe_bench.plan import Plan
+    from pe_bench.run.plan import Plan
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,10 @@ from scipy import stats
 from pe_bench.errors import UserError
 
 METRICS = ("ppl", "bpb", "nll")
-TASK_METRICS = ("exact_match", "token_acc")  # of synthetic tasks (pe_bench.tasks): higher is better
+TASK_METRICS = (
+    "exact_match",
+    "token_acc",
+)  # of synthetic tasks (pe_bench.data.tasks): higher is better
 
 # What "one protocol" means: records compared in one report must share these fields, because
 # a difference in any of them (other data, other eval tokens, another training length, model
@@ -413,3 +416,14 @@ def reciprocal_ranks(df: pd.DataFrame, metric: str = "exact_match") -> pd.DataFr
     table = table.assign(mrr=by_label.mean(), n=by_label.size())
     order = [lab for lab in label_order(df) if lab in table.index]
     return table.reindex(order).rename_axis("label").reset_index()
+
+
+Z95 = 1.959963984540054  # the 97.5% normal quantile
+
+
+def wilson(hits: int, n: int) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion ``hits / n`` (never outside [0, 1])."""
+    p = hits / n
+    centre = (p + Z95**2 / (2 * n)) / (1 + Z95**2 / n)
+    half = Z95 * math.sqrt(p * (1 - p) / n + Z95**2 / (4 * n * n)) / (1 + Z95**2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)

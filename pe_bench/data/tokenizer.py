@@ -188,7 +188,7 @@ def trained_bpe(train_text: bytes, vocab_size: int) -> HFTokenizer:
         show_progress=False,
     )
     tokenizer.train_from_iterator(text_chunks(utf8(train_text)), trainer=trainer)
-    from pe_bench.results import atomic_write_text  # torch and pandas: only when training
+    from pe_bench.records import atomic_write_text  # torch and pandas: only when training
 
     atomic_write_text(path, tokenizer.to_str())
     log.info("trained a BPE tokenizer of %d symbols, cached in %s", vocab_size, path)

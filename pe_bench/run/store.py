@@ -24,9 +24,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pe_bench.data.tokenizer import ByteTokenizer
 from pe_bench.errors import UserError
-from pe_bench.evaluate import EvalTask
-from pe_bench.results import (
+from pe_bench.records import (
     CURVE,
     POSITIONS,
     RECORD_KEY,
@@ -36,7 +36,7 @@ from pe_bench.results import (
     record_key,
     write_jsonl,
 )
-from pe_bench.tokenizer import ByteTokenizer
+from pe_bench.run.evaluate import EvalTask
 
 log = logging.getLogger(__name__)
 

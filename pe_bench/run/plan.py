@@ -19,12 +19,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from pe_bench import tracking
 from pe_bench.config import config_hash, from_node, to_dict
-from pe_bench.data import VOCAB_SIZE, check_config, identity_keys
+from pe_bench.data.corpus import VOCAB_SIZE, check_config, identity_keys
+from pe_bench.data.tasks import build_task
 from pe_bench.errors import UserError
-from pe_bench.evaluate import TASK_MODE, EvalConfig, EvalTask, eval_tasks
-from pe_bench.model import GPT, ModelConfig, build_model, check_attention
+from pe_bench.model.gpt import GPT, ModelConfig, build_model, check_attention
 from pe_bench.positions import (
     META_KEYS,
     PositionScheme,
@@ -34,8 +33,10 @@ from pe_bench.positions import (
     scheme_class,
     source_hash,
 )
-from pe_bench.tasks import build_task
-from pe_bench.train import FinetuneConfig, TrainConfig, resolve_device
+from pe_bench.records import TASK_MODE
+from pe_bench.run import tracking
+from pe_bench.run.evaluate import EvalConfig, EvalTask, eval_tasks
+from pe_bench.run.train import FinetuneConfig, TrainConfig, resolve_device
 
 log = logging.getLogger(__name__)
 

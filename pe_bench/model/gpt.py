@@ -25,7 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pe_bench.attention import (
+from pe_bench.config import Range, check_fields
+from pe_bench.errors import UserError
+from pe_bench.model.attention import (
     ATTENTION,
     biased_attention,
     causal_attention,
@@ -33,8 +35,6 @@ from pe_bench.attention import (
     flex_attention,
     use_flex,
 )
-from pe_bench.config import Range, check_fields
-from pe_bench.errors import UserError
 from pe_bench.positions import ModelDims, PositionScheme, build_scheme
 
 

@@ -1,7 +1,7 @@
 """Corpora, the byte tokenizer, deterministic train/valid/test splits, and batching.
 
 Three text sources, one ``Corpus`` out, and synthetic tasks (``task``, a ``TaskData`` from
-``pe_bench.tasks``) with the same training interface (``train_batch``, ``valid_windows``):
+``pe_bench.data.tasks``) with the same training interface (``train_batch``, ``valid_windows``):
 
 - ``stdlib`` (default): the ``.py`` files of the running Python's standard library, minus its
   test suites. Ships with every Python, so the suite runs with no download; its content hash
@@ -11,7 +11,7 @@ Three text sources, one ``Corpus`` out, and synthetic tasks (``task``, a ``TaskD
   ``name: text`` with ``data_files``).
 
 Tokens are bytes (vocabulary 256) by default; ``data.tokenizer`` picks another
-(``pe_bench.tokenizer``: a BPE trained on the train split, or a pretrained one), and the
+(``pe_bench.data.tokenizer``: a BPE trained on the train split, or a pretrained one), and the
 corpus's splits are then that tokenizer's ids. ``Corpus.sha`` identifies the text either way;
 ``Corpus.tokenizer`` says how it was cut into tokens.
 """
@@ -33,9 +33,9 @@ import torch
 from torch import Tensor
 
 from pe_bench.config import Range, from_node
+from pe_bench.data.tasks import TaskData, build_task, load_task
+from pe_bench.data.tokenizer import BPE, BYTE, ByteTokenizer, Tokenizer, build_tokenizer, check_spec
 from pe_bench.errors import UserError
-from pe_bench.tasks import TaskData, build_task, load_task
-from pe_bench.tokenizer import BPE, BYTE, ByteTokenizer, Tokenizer, build_tokenizer, check_spec
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +66,11 @@ class DataConfig:
     kwargs: dict[str, Any] | None = None  # hf: more keyword arguments for load_dataset
     text_field: str = "text"  # hf: the column with the text
     splits: dict[str, Any] | None = None  # hf: our split -> the dataset's
-    task: str | None = None  # task: a name in pe_bench.tasks.TASKS, e.g. flip_flop
+    task: str | None = None  # task: a name in pe_bench.data.tasks.TASKS, e.g. flip_flop
     alphabet: Annotated[int, Range(ge=2, le=240)] = 64  # task: symbols of copy and reverse
     ignore_prob: Annotated[float, Range(ge=0, lt=1)] = 0.8  # task: flip-flop's p_i
     eval_instances: Annotated[int, Range(ge=1)] = 128  # task: instances scored per length
-    tokenizer: str = BYTE  # byte, bpe or hf:<name or folder> (pe_bench.tokenizer)
+    tokenizer: str = BYTE  # byte, bpe or hf:<name or folder> (pe_bench.data.tokenizer)
     vocab_size: Annotated[int, Range(ge=1)] | None = None  # bpe: symbols to train
 
 

@@ -29,34 +29,29 @@ from __future__ import annotations
 
 import inspect
 import logging
-import math
 import random
 import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
-import pandas as pd
 import torch
-from matplotlib.figure import Figure
 from torch import nn
 
-from pe_bench import aggregate, plots
 from pe_bench.config import Range, check_fields, config_hash, from_node
 from pe_bench.errors import UserError
-from pe_bench.evaluate import OUT_OF_MEMORY, EvalTask, is_out_of_memory
-from pe_bench.results import atomic_write_text
-from pe_bench.train import autocast
+from pe_bench.pretrained.rope import rope_variant
+from pe_bench.records import PASSKEY_MODE
+from pe_bench.report.aggregate import wilson
+from pe_bench.run.evaluate import OUT_OF_MEMORY, EvalTask, is_out_of_memory
+from pe_bench.run.train import autocast
 
 if TYPE_CHECKING:
-    from pe_bench.hf import HFRun, RopeSpec, Variant
+    from pe_bench.pretrained.rope import RopeSpec, Variant
 
 log = logging.getLogger(__name__)
 
-MODE = "passkey"  # the mode of its records
 VERSION = 1  # bump when the method changes: stored records are recomputed
 TASK = (
     "There is an important info hidden inside a lot of irrelevant text. Find it and memorize "
@@ -65,7 +60,6 @@ TASK = (
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 QUESTION = "What is the pass key? The pass key is"
 KEYS = (1, 50000)  # the key is drawn from this range, both ends included
-Z95 = 1.959963984540054  # the 97.5% normal quantile
 
 
 @dataclass
@@ -105,7 +99,7 @@ def tasks(
 ) -> list[EvalTask]:
     """One task per (variant, target length); ``stride`` is the length (one prompt each)."""
     return [
-        EvalTask(variant, digest, scheme, length, MODE, length)
+        EvalTask(variant, digest, scheme, length, PASSKEY_MODE, length)
         for variant, digest, scheme in schemes
         for length in cfg.prompt_lengths(train_len)
     ]
@@ -213,26 +207,18 @@ def cache_keyword(model: nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def wilson(hits: int, n: int) -> tuple[float, float]:
-    """95% Wilson score interval of a proportion ``hits / n`` (never outside [0, 1])."""
-    p = hits / n
-    centre = (p + Z95**2 / (2 * n)) / (1 + Z95**2 / n)
-    half = Z95 * math.sqrt(p * (1 - p) / n + Z95**2 / (4 * n * n)) / (1 + Z95**2 / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def run(
     model: nn.Module,
     tokenizer: Any,
     todo: list[EvalTask],
     variants: dict[str, Variant],
     spec: RopeSpec,
-    job: HFRun,
+    name: str,
+    rope_impl: str,
     cfg: PasskeyConfig,
 ) -> Iterator[dict[str, Any]]:
     """The record of each task: every trial's prompt answered greedily by the model with the
     task's variant (skipped, with the reason, when a length does not fit in memory)."""
-    from pe_bench.hf import rope_variant
 
     def tokenize(text: str) -> list[int]:
         return tokenizer(text)["input_ids"]
@@ -246,15 +232,13 @@ def run(
         if length not in prompts:
             prompts[length] = [fit_prompt(tokenize, length, d, k) for d, k in draws(cfg, length)]
         variant = variants.get(task.variant)
-        label = job.short_name + ("" if variant is None else f"+{variant.key}")
+        label = name + ("" if variant is None else f"+{variant.key}")
         key = {**task.fields(cfg.trials), "probe_hash": settings_hash(cfg)}
         start = time.perf_counter()
         answers, impl = [], "none"
         try:
             for prompt in prompts[length]:
-                with rope_variant(
-                    model, variant, spec, len(prompt.ids), job.model.rope_impl
-                ) as impl:
+                with rope_variant(model, variant, spec, len(prompt.ids), rope_impl) as impl:
                     answers.append(
                         first_integer(greedy(model, prompt.ids, cfg.max_new_tokens, decode))
                     )
@@ -284,129 +268,3 @@ def run(
             "rope_impl": impl,
             "time_s": round(time.perf_counter() - start, 3),
         }
-
-
-# ---- the report's section ----------------------------------------------------------------------
-
-
-def passkey_rows(records: pd.DataFrame) -> pd.DataFrame:
-    """The ok passkey records of ``records``, labelled as the report labels them."""
-    if "mode" not in records:
-        return pd.DataFrame()
-    rows = records[records["mode"] == MODE]
-    if "status" in rows:
-        rows = rows[rows["status"].fillna("ok") == "ok"]
-    return rows.assign(label=aggregate.label(rows)) if len(rows) else pd.DataFrame()
-
-
-def accuracy_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per (label, length): trials, accuracy and its 95% Wilson interval, over every trial of
-    the label's records at that length (seeds or slices pooled)."""
-    cells = []
-    for (lab, length), at in rows.groupby(["label", "eval_len"]):
-        correct = [c for trial in at["correct"] for c in trial]
-        low, high = wilson(sum(correct), len(correct))
-        cells.append([lab, int(length), len(correct), sum(correct) / len(correct), low, high])
-    table = pd.DataFrame(cells, columns=["label", "eval_len", "trials", "acc", "ci_low", "ci_high"])
-    return _in_order(table, rows, "eval_len")
-
-
-def depth_table(rows: pd.DataFrame, bins: int) -> pd.DataFrame:
-    """Per (label, length, depth bin): trials and accuracy, the depth x length figure's cells."""
-    trials = rows[["label", "eval_len", "depth", "correct"]].explode(["depth", "correct"])
-    trials = trials.astype({"depth": float, "correct": float, "eval_len": int})
-    edges = np.linspace(0, 1, bins + 1)
-    trials = trials.assign(bin=np.clip(np.digitize(trials["depth"], edges) - 1, 0, bins - 1))
-    table = trials.groupby(["label", "eval_len", "bin"], as_index=False).agg(
-        trials=("correct", "size"), acc=("correct", "mean")
-    )
-    table = table.assign(depth_low=edges[table["bin"]], depth_high=edges[table["bin"] + 1])
-    return _in_order(table.drop(columns="bin"), rows, "eval_len", "depth_low")
-
-
-def _in_order(table: pd.DataFrame, rows: pd.DataFrame, *by: str) -> pd.DataFrame:
-    order = {lab: i for i, lab in enumerate(aggregate.label_order(rows))}
-    ranked = table.assign(rank=table["label"].map(order))
-    return ranked.sort_values(["rank", *by]).drop(columns="rank").reset_index(drop=True)
-
-
-def accuracy_markdown(table: pd.DataFrame, train_len: int) -> str:
-    """Accuracy [95% interval] per label (rows) and target length (columns)."""
-    from pe_bench.report import markdown_table
-
-    lengths = sorted(table["eval_len"].unique())
-    header = ["label", *[f"{n} ({n / train_len:g}x)" for n in lengths]]
-    rows = []
-    for lab, at in table.groupby("label", sort=False):
-        cells = {
-            int(r.eval_len): f"{r.acc:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
-            for r in at.itertuples()
-        }
-        rows.append([lab, *[cells.get(n, "") for n in lengths]])
-    return markdown_table(header, rows, "l" + "r" * len(lengths))
-
-
-def depth_figure(table: pd.DataFrame, train_len: int) -> Figure:
-    """One heatmap per label: accuracy by depth (rows) and target length (columns)."""
-    import seaborn as sns
-
-    labels = list(dict.fromkeys(table["label"]))
-    cols = min(3, len(labels))
-    grid_rows = math.ceil(len(labels) / cols)
-    lengths = sorted(table["eval_len"].unique())
-    fig = Figure(
-        figsize=(1.2 + cols * (0.55 * len(lengths) + 1.2), 0.6 + grid_rows * 2.4),
-        layout="constrained",
-    )
-    axes = np.atleast_1d(fig.subplots(grid_rows, cols, squeeze=False)).ravel()
-    for ax, lab in zip(axes, labels, strict=False):
-        cells = table[table["label"] == lab].assign(
-            depth=lambda t: [
-                f"{lo:.1f}-{hi:.1f}" for lo, hi in zip(t["depth_low"], t["depth_high"], strict=True)
-            ]
-        )
-        grid = cells.pivot(index="depth", columns="eval_len", values="acc").reindex(columns=lengths)
-        sns.heatmap(grid, ax=ax, vmin=0, vmax=1, cmap="viridis", annot=True, fmt=".1f", cbar=False)
-        ax.set_title(lab)
-        ax.set_xlabel("prompt length (tokens)")
-        ax.set_ylabel("key depth")
-        ax.tick_params(axis="y", rotation=0)
-    for ax in axes[len(labels) :]:
-        ax.set_visible(False)
-    fig.suptitle(f"Passkey accuracy by depth and length (pretraining context {train_len})")
-    return fig
-
-
-def section(records: pd.DataFrame, out: Path, bins: int = 5) -> list[str]:
-    """The report's passkey section (writes tables/passkey*.csv|.md and figures/passkey.*):
-    markdown lines, none without passkey records."""
-    from pe_bench.report import write_csv
-
-    rows = passkey_rows(records)
-    if rows.empty:
-        return []
-    train_len = int(rows["train_len"].iloc[0])
-    table = accuracy_table(rows)
-    depths = depth_table(rows, bins)
-    text = accuracy_markdown(table, train_len)
-    write_csv(out / "tables" / "passkey.csv", table)
-    write_csv(out / "tables" / "passkey_depth.csv", depths)
-    atomic_write_text(out / "tables" / "passkey.md", text + "\n")
-    with plots.theme():
-        png = plots.save(depth_figure(depths, train_len), out / "figures", "passkey")
-    tokens = rows["prompt_tokens"].explode().astype(int)
-    return [
-        "## Passkey retrieval",
-        "",
-        "Mohtashami & Jaggi (2023), as in landmark-attention's `run_test.py` and YaRN's "
-        "`eval/passkey.py`: a key from 1 to 50000 in filler text at a random depth, greedy "
-        "decoding, exact match on the first integer. Accuracy over trials with its 95% Wilson "
-        f"interval; columns are target prompt lengths in tokens (x the pretraining context "
-        f"{train_len}); prompts have {tokens.min()} to {tokens.max()} tokens, and every label "
-        "answers the same prompts.",
-        "",
-        text,
-        "",
-        f"![passkey accuracy by depth and length]({png.relative_to(out).as_posix()})",
-        "",
-    ]

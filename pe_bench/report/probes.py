@@ -1,4 +1,4 @@
-"""The report's "Context use" section: the context-use probes' records (``pe_bench.probes``)
+"""The report's "Context use" section: the context-use probes' records (``pe_bench.run.probes``)
 as tables, figures and what each measure means.
 
 - **Context gain** and **retrieval gain**: per (label, eval length or distance), one seed shows
@@ -22,8 +22,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from pe_bench import aggregate, plots
-from pe_bench.evaluate import PROBES
+from pe_bench.records import PROBES
+from pe_bench.report import aggregate, figures
+from pe_bench.report.markdown import markdown_table, write_csv
 
 SIGNAL_BITS = 0.05  # the least retrieval gain (bits/token) that counts as a signal
 GAIN_COLUMNS = ["label", "x", "n", "mean", "ci_low", "ci_high", "over", "targets"]
@@ -131,8 +132,6 @@ def no_signal(retrieval: pd.DataFrame) -> tuple[int, list[str], list[str]]:
 
 def gain_markdown(table: pd.DataFrame, x: str) -> str:
     """Label x ``x`` table of ``+mean [low, high]`` cells (bits per token)."""
-    from pe_bench.report import markdown_table  # the report's table format
-
     columns = sorted(table[x].unique())
     rows = []
     for lab, cells in table.groupby("label", sort=False):
@@ -160,8 +159,6 @@ def how_markdown(table: pd.DataFrame, unit: str) -> str:
 
 
 def accuracy_markdown(table: pd.DataFrame) -> str:
-    from pe_bench.report import markdown_table
-
     columns = sorted(table["distance"].unique())
     rows = []
     for lab, cells in table.groupby("label", sort=False):
@@ -178,8 +175,6 @@ def accuracy_markdown(table: pd.DataFrame) -> str:
 
 def attention_markdown(table: pd.DataFrame) -> str:
     """Mean distance (tokens) / entropy (nats) per layer at the longest eval length."""
-    from pe_bench.report import markdown_table
-
     longest = int(table["eval_len"].max())
     at = table[table["eval_len"] == longest]
     layers = sorted(at["layer"].unique())
@@ -200,7 +195,7 @@ def markdown(use: ContextUse | None, out: Path) -> list[str]:
         "",
         "Perplexity at long lengths rewards a model for ignoring distant context: one that "
         f"looks at its last {use.train_len} tokens only extrapolates perfectly. These probes "
-        "ask whether the context is used (`pe_bench/probes.py`; switched by `eval.probes`).",
+        "ask whether the context is used (`pe_bench/run/probes.py`; switched by `eval.probes`).",
         "",
     ]
     lines += context_markdown(use)
@@ -318,27 +313,25 @@ def attention_section(use: ContextUse) -> list[str]:
 # ---- files ----------------------------------------------------------------------------------
 
 
-def write(use: ContextUse | None, out: Path, style: dict[str, plots.Style]) -> None:
+def write(use: ContextUse | None, out: Path, style: dict[str, figures.Style]) -> None:
     """Write the section's tables (CSV) and figures into ``out``'s tables/ and figures/."""
     if use is None:
         return
-    from pe_bench.report import write_csv
-
     for name, table in use.tables.items():
         write_csv(out / "tables" / f"{name}.csv", table)
-    with plots.theme():
+    with figures.theme():
         if "context_gain" in use.tables:
             fig = gain_figure(use.tables["context_gain"], style, "eval_len", use.train_len)
-            use.figures["context_gain"] = plots.save(fig, out / "figures", "context_gain")
+            use.figures["context_gain"] = figures.save(fig, out / "figures", "context_gain")
         if "retrieval" in use.tables:
             fig = retrieval_figure(use, style)
-            use.figures["retrieval"] = plots.save(fig, out / "figures", "retrieval")
+            use.figures["retrieval"] = figures.save(fig, out / "figures", "retrieval")
         if "attention" in use.tables:
             fig = attention_figure(use.tables["attention"], style, use.train_len)
-            use.figures["attention"] = plots.save(fig, out / "figures", "attention")
+            use.figures["attention"] = figures.save(fig, out / "figures", "attention")
 
 
-def _gain_lines(ax, table: pd.DataFrame, style: dict[str, plots.Style], x: str) -> None:
+def _gain_lines(ax, table: pd.DataFrame, style: dict[str, figures.Style], x: str) -> None:
     for lab, line in table.groupby("label", sort=False):
         ax.plot(line[x], line["mean"], label=lab, markersize=5, **style[lab].line())
         ok = line.dropna(subset=["ci_low", "ci_high"])
@@ -347,11 +340,11 @@ def _gain_lines(ax, table: pd.DataFrame, style: dict[str, plots.Style], x: str) 
                 ok[x], ok["ci_low"], ok["ci_high"], color=style[lab].color, alpha=0.15, lw=0
             )
     ax.axhline(0, color="0.35", linewidth=1, zorder=0)
-    plots._log2_lengths(ax, sorted(int(v) for v in table[x].unique()))
+    figures._log2_lengths(ax, sorted(int(v) for v in table[x].unique()))
 
 
 def gain_figure(
-    table: pd.DataFrame, style: dict[str, plots.Style], x: str, train_len: int
+    table: pd.DataFrame, style: dict[str, figures.Style], x: str, train_len: int
 ) -> Figure:
     """Context gain vs eval length, a line per label with its 95% CI band."""
     fig = Figure(figsize=(7.5, 4.2), layout="constrained")
@@ -360,11 +353,11 @@ def gain_figure(
     ax.set_xlabel("evaluation length W (tokens, log scale)")
     ax.set_ylabel("bits/token (< 0: the context helps)")
     ax.set_title(f"Context gain: whole window minus last {train_len} tokens")
-    plots._legend(fig, ax, style)
+    figures._legend(fig, ax, style)
     return fig
 
 
-def retrieval_figure(use: ContextUse, style: dict[str, plots.Style]) -> Figure:
+def retrieval_figure(use: ContextUse, style: dict[str, figures.Style]) -> Figure:
     """Retrieval gain (left) and copy accuracy (right) vs distance, a line per label."""
     fig = Figure(figsize=(9.5, 3.8), layout="constrained")
     gain_ax, acc_ax = fig.subplots(1, 2)
@@ -374,20 +367,22 @@ def retrieval_figure(use: ContextUse, style: dict[str, plots.Style]) -> Figure:
         acc_ax.plot(
             line["distance"], line["copy_acc"], label=lab, markersize=5, **style[lab].line()
         )
-    plots._log2_lengths(acc_ax, sorted(int(v) for v in accuracy["distance"].unique()))
+    figures._log2_lengths(acc_ax, sorted(int(v) for v in accuracy["distance"].unique()))
     acc_ax.set_ylim(-0.05, 1.05)
     for ax in (gain_ax, acc_ax):
-        plots._train_line(ax, use.train_len)
+        figures._train_line(ax, use.train_len)
         ax.set_xlabel("distance D (tokens, log scale)")
     gain_ax.set_ylabel("bits/token (> 0: retrieves)")
     gain_ax.set_title("Retrieval gain")
     acc_ax.set_ylabel("exact-match copy accuracy")
     acc_ax.set_title("Copy accuracy")
-    plots._legend(fig, [gain_ax, acc_ax], style)
+    figures._legend(fig, [gain_ax, acc_ax], style)
     return fig
 
 
-def attention_figure(table: pd.DataFrame, style: dict[str, plots.Style], train_len: int) -> Figure:
+def attention_figure(
+    table: pd.DataFrame, style: dict[str, figures.Style], train_len: int
+) -> Figure:
     """Mean attention distance (top) and entropy (bottom) vs eval length, a panel per layer,
     with uniform attention's values as a grey reference."""
     layers = sorted(table["layer"].unique())
@@ -408,16 +403,16 @@ def attention_figure(table: pd.DataFrame, style: dict[str, plots.Style], train_l
                 ax.plot(
                     line["eval_len"], line[metric], label=lab, markersize=4, **style[lab].line()
                 )
-            plots._log2_lengths(ax, lengths)
-            plots._train_line(ax, train_len)
+            figures._log2_lengths(ax, lengths)
+            figures._train_line(ax, train_len)
             if row == 0:
                 ax.set_title(f"layer {layer}")
                 ax.set_yscale("log", base=2)
-                ax.yaxis.set_major_formatter(plots.PLAIN)
+                ax.yaxis.set_major_formatter(figures.PLAIN)
             else:
                 ax.set_xlabel("evaluation length (tokens)")
     axes[0, 0].set_ylabel("mean distance (tokens)")
     axes[1, 0].set_ylabel("entropy (nats)")
     fig.suptitle("Attention per layer vs evaluation length (dotted grey: uniform attention)")
-    plots._legend(fig, axes, {**style, "uniform attention": plots.Style("0.6", "", ":")})
+    figures._legend(fig, axes, {**style, "uniform attention": figures.Style("0.6", "", ":")})
     return fig

@@ -1,0 +1,1 @@
+"""Corpora, tokenizers and synthetic tasks: what a model reads."""

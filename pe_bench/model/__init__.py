@@ -1,0 +1,1 @@
+"""The decoder-only LM and its one attention op."""

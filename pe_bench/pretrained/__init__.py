@@ -1,0 +1,1 @@
+"""Pretrained Hugging Face models under pe-bench's protocol, and passkey retrieval."""

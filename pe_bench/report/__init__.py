@@ -1,0 +1,1 @@
+"""Reports from stored records: statistics, tables, figures, sections, comparisons."""

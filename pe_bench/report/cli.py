@@ -1,0 +1,54 @@
+"""``pe-bench-report <results dir>``: the command line over ``report.build.build_report``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pe_bench.errors import UserError
+from pe_bench.records import (
+    MODES,
+)
+from pe_bench.report.aggregate import METRICS
+from pe_bench.report.build import build_report
+from pe_bench.report.inputs import Options
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="pe-bench-report", description=__doc__.split("\n")[0])
+    parser.add_argument("results", help="folder with records (searched recursively)")
+    parser.add_argument(
+        "--metric",
+        choices=list(METRICS),
+        default="ppl",
+        help="metric of the figures and the ratio table (default: ppl)",
+    )
+    parser.add_argument(
+        "--mode", choices=list(MODES), help="eval mode (default: nonoverlap when present)"
+    )
+    parser.add_argument(
+        "--baseline",
+        type=int,
+        help="length the ratio table divides by (default: the training length)",
+    )
+    parser.add_argument(
+        "--schemes",
+        nargs="+",
+        default=(),
+        metavar="NAME",
+        help="schemes or labels to report (default: all), e.g. rope alibi rope+ntk",
+    )
+    parser.add_argument(
+        "--compare",
+        metavar="TABLE",
+        help="a published table to compare with: published/alibi_paper, published/pi_paper "
+        "(results/published/) or a path to a YAML file of the same form",
+    )
+    parser.add_argument("--out", help="output folder (default: the results folder)")
+    args = parser.parse_args(argv)
+    options = Options(args.metric, args.mode, args.baseline, tuple(args.schemes), args.compare)
+    try:
+        build_report(args.results, args.out, options)
+    except UserError as err:
+        print(f"pe-bench-report: error: {err}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,230 @@
+"""What a report reads and holds: its options, the ``Report`` it builds, the checks a record
+must pass to enter it, the records of the other files beside it, and the folder lock that keeps
+two writers of one report apart."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shlex
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import OmegaConf
+
+from pe_bench.data.tokenizer import BYTE
+from pe_bench.errors import UserError
+from pe_bench.records import (
+    COMMANDS,
+    MODES,
+    PASSKEY_MODE,
+    PROBES,
+    RECORDS,
+    TASK_MODE,
+    read_jsonl,
+    searchpath,
+    sweep_command,
+)
+from pe_bench.report import compare, probes
+from pe_bench.report.aggregate import METRICS, TASK_METRICS
+
+# The fields every record needs for the report to place it (type names for the message); an ok
+# record needs its numbers too. Records pe-bench writes always have them.
+REQUIRED = {
+    "run_id": (str,),
+    "scheme": (str,),
+    "variant": (str,),
+    "seed": (int,),
+    "train_len": (int,),
+    "eval_len": (int,),
+    "mode": (str,),
+    "stride": (int,),
+}
+
+
+NUMBERS = {metric: (int, float) for metric in METRICS}
+
+
+TASK_FIELDS = {"task": (str,)}  # besides REQUIRED, in a synthetic task's records
+
+
+TASK_NUMBERS = {metric: (int, float) for metric in TASK_METRICS}
+
+
+STATUSES = ("ok", "skipped", "diverged")
+
+
+def record_problem(record: dict) -> str:
+    """What keeps the report from using ``record`` ('' if nothing): a missing field, a field of
+    the wrong type or an unknown status. Checked when loading, so the error names the file. An
+    ok record needs its numbers: perplexity's, or a synthetic task's accuracies (a probe's
+    are read by its own section)."""
+    status = record.get("status") or "ok"
+    if status not in STATUSES:
+        return f"status {status!r} is not one of {', '.join(STATUSES)}"
+    task = record.get("mode") == TASK_MODE
+    needed = {**REQUIRED, **(TASK_FIELDS if task else {})}
+    if status == "ok" and record.get("mode") not in (*PROBES, PASSKEY_MODE):
+        needed |= TASK_NUMBERS if task else NUMBERS
+    for name, types in needed.items():
+        value = record.get(name)
+        if value is None:
+            return f"record lacks {name!r} (the report needs {', '.join(needed)})"
+        if not isinstance(value, types) or isinstance(value, bool):
+            kind = " or ".join(t.__name__ for t in types)
+            return f"record field {name!r} is {value!r}; expected {kind}"
+    return ""
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a report shows. None: chosen from the records (``resolve``)."""
+
+    metric: str = "ppl"  # of the figures and the ratio table: ppl, bpb or nll
+    mode: str | None = None  # eval mode: nonoverlap when present
+    baseline: int | None = None  # ratio denominator length: the training length
+    schemes: tuple[str, ...] = ()  # schemes or labels (rope+ntk) to keep; empty: all
+    compare: str | None = None  # a published table, e.g. published/alibi_paper
+
+    def resolve(self, df: pd.DataFrame) -> Options:
+        """These options with the choices left to the records made: the mode of ``df`` (one
+        mode, from ``aggregate.prepare``) and its training length as the baseline."""
+        return Options(
+            metric=self.metric,
+            mode=str(df["mode"].iloc[0]),
+            baseline=self.baseline or training_length(df),
+            schemes=tuple(self.schemes),
+            compare=self.compare,
+        )
+
+    def command(self, records: str) -> str:
+        """The ``pe-bench-report`` command line that makes this report from ``records``."""
+        args = ["pe-bench-report", records, "--metric", self.metric, "--mode", str(self.mode)]
+        args += ["--baseline", str(self.baseline)]
+        if self.schemes:
+            args += ["--schemes", *self.schemes]
+        if self.compare:
+            args += ["--compare", self.compare]
+        return shlex.join(args)
+
+
+@dataclass
+class Report:
+    """What ``build_report`` wrote: tables by name and the PNG of each figure."""
+
+    path: Path  # report.md
+    options: Options
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    figures: dict[str, Path] = field(default_factory=dict)
+    comparison: compare.Comparison | None = None
+    skipped: pd.DataFrame = field(default_factory=pd.DataFrame)  # skipped_evaluations rows
+    context: probes.ContextUse | None = None  # the context-use probes' section
+    passkey: list[str] = field(default_factory=list)  # the passkey section's markdown lines
+    tokenizers: str = ""  # what the report says when the records mix tokenizers
+
+
+def load_rows(root: Path, name: str) -> pd.DataFrame:
+    """Every row of every ``name`` JSON-lines file under ``root``, in sorted file order."""
+    return pd.DataFrame([row for path in sorted(root.rglob(name)) for row in read_jsonl(path)])
+
+
+def training_length(df: pd.DataFrame) -> int:
+    """The training length of the records (one protocol: the same in every record)."""
+    return int(df["train_len"].dropna().iloc[0])
+
+
+def tokenizer_names(df: pd.DataFrame) -> pd.Series:
+    """Each record's tokenizer as report text, e.g. ``bpe (4,096 ids, sha 1a2b3c4d)``; records
+    that name none were made with bytes."""
+    if "tokenizer" not in df:
+        return pd.Series(BYTE, index=df.index)
+    vocab = df["tokenizer_vocab"].map(lambda v: "" if pd.isna(v) else f" ({int(v):,} ids, sha ")
+    sha = df["tokenizer_sha"].map(lambda v: "" if pd.isna(v) else f"{v[:8]})")
+    name = df["tokenizer"].fillna(BYTE)
+    return name.where(name == BYTE, name + vocab + sha)
+
+
+def mixed_tokenizers(df: pd.DataFrame, options: Options) -> str:
+    """'' when the records share a tokenizer; else what the report says about mixing them.
+    Perplexity and NLL are per token, so no table of them may hold two tokenizers: mixed
+    records are refused unless the report is of bits per byte (each target's own bytes)."""
+    names = tokenizer_names(df)
+    if names.nunique() < 2:
+        return ""
+    labels = df.groupby(names)["label"].unique()
+    found = "; ".join(f"{tok}: {', '.join(sorted(labs))}" for tok, labs in labels.items())
+    if options.metric != "bpb" or options.compare:
+        raise UserError(
+            f"records mix tokenizers ({found}); perplexity and NLL are per token, so one table "
+            "cannot hold two tokenizers: report each tokenizer's runs separately (their "
+            "folders, or --schemes), or compare bits per byte with --metric bpb"
+        )
+    return (
+        f"The records mix tokenizers ({found}). Bits per byte compares them: each scored "
+        "target counts its own UTF-8 bytes. Perplexity and NLL are per token of each "
+        "tokenizer, so their tables are left out, and the extrapolation score is in nats per "
+        "byte. Lengths are in tokens of each run's tokenizer."
+    )
+
+
+def check_one_kind(root: Path, records: pd.DataFrame) -> None:
+    """Refuse a folder that holds both synthetic-task records and perplexity records: one
+    report never puts accuracies beside perplexities."""
+    text = records[records["mode"].isin(MODES)]
+    if len(text):
+        tasks = records.loc[records["mode"] == TASK_MODE, "folder"].iloc[0]
+        raise UserError(
+            f"{root} mixes synthetic-task records (e.g. {tasks}) with perplexity records (e.g. "
+            f"{text['folder'].iloc[0]}); report each kind from its own folder"
+        )
+
+
+# The temporary files of a report's writes (``atomic_write``) that a killed report leaves.
+STRAYS = (".report.md.*.tmp", "tables/.*.tmp", "figures/.*.tmp")
+
+
+@contextlib.contextmanager
+def report_lock(out: Path) -> Iterator[None]:
+    """Hold ``out`` while a report writes into it: a second report at once is refused in one
+    line (the kernel releases the lock if the holder dies). Holding it, the temporary files a
+    killed report left behind are removed, since nobody else is writing them."""
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out, os.O_RDONLY)  # a lock on the folder itself: no lock file to leave
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(
+                f"{out} is being written by another report; wait for it to end"
+            ) from None
+        for pattern in STRAYS:
+            for stray in out.glob(pattern):
+                stray.unlink(missing_ok=True)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def commands(root: Path) -> list[str]:
+    """The ``pe-bench`` command of every sweep (``commands.txt``, else multirun.yaml, which holds
+    only the last sweep's) or single run (.hydra/overrides.yaml) that wrote records under
+    ``root``."""
+    found: list[str] = []
+    for path in sorted(root.rglob(RECORDS)):
+        run = path.parent
+        inside = [run, *(p for p in run.parents if p == root or root in p.parents)]
+        sweep = next((p for p in inside if (p / "multirun.yaml").exists()), None)
+        if sweep is not None and (sweep / COMMANDS).exists():
+            lines = (sweep / COMMANDS).read_text().splitlines()
+        elif sweep is not None:
+            given = OmegaConf.load(sweep / "multirun.yaml").hydra.overrides
+            lines = [sweep_command([*searchpath(given.get("hydra", [])), *given.task])]
+        elif (run / ".hydra" / "overrides.yaml").exists():
+            lines = [shlex.join(["pe-bench", *OmegaConf.load(run / ".hydra" / "overrides.yaml")])]
+        else:
+            lines = []
+        found += [line for line in lines if line not in found]
+    return found

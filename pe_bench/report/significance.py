@@ -1,0 +1,65 @@
+"""Paired differences between labels over seeds, and the ranks they allow: the tables that
+say which schemes the seeds separate (``aggregate.pairwise`` computes them)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from pe_bench.report import aggregate
+from pe_bench.report.inputs import Report
+from pe_bench.report.markdown import markdown_table
+
+
+def pairwise_metric(metric: str) -> str:
+    """Differences are taken on a scale where they add up: NLL for perplexity."""
+    return "nll" if metric == "ppl" else metric
+
+
+def pairwise_tables(
+    df: pd.DataFrame, stats: dict[str, pd.DataFrame], metric: str, higher_is_better: bool = False
+) -> dict[str, pd.DataFrame]:
+    """The paired differences of every two labels at every length, and the ranks they allow."""
+    metric = pairwise_metric(metric)
+    pairs = aggregate.paired_differences(df, metric)
+    means = stats[metric].pivot(index="label", columns="eval_len", values="mean")
+    means = means.reindex(list(dict.fromkeys(stats[metric]["label"])))
+    return {"pairwise": pairs, "ranks": aggregate.separable_ranks(pairs, means, higher_is_better)}
+
+
+def ranks_markdown(ranks: pd.DataFrame) -> str:
+    rows = [
+        [str(lab), *("–" if pd.isna(r) else str(r) for r in ranks.loc[lab])] for lab in ranks.index
+    ]
+    header = ["scheme", *(str(n) for n in ranks.columns)]
+    return markdown_table(header, rows, "l" + "r" * len(ranks.columns))
+
+
+def pairwise_markdown(report: Report) -> list[str]:
+    """The section saying which differences between schemes the seeds support."""
+    pairs, metric = report.tables["pairwise"], pairwise_metric(report.options.metric)
+    n = int(pairs["n"].max()) if len(pairs) else 0
+    if n < 2:
+        how = (
+            "With one seed per scheme no difference can be told from seed noise, so every "
+            "scheme shares rank 1; run seeds (e.g. `train.seed=0,1,2`) for this view."
+        )
+    else:
+        separated = int(pairs["separated"].sum())
+        how = (
+            f"Rank at each length = 1 + the number of schemes separated from it and better: "
+            f"two schemes are separated when the 95% t-interval of their {metric} difference, "
+            f"paired over seeds (the same seed: the same data order, trunk initialisation and "
+            f"test tokens), excludes 0. Schemes the seeds cannot tell apart share a rank. "
+            f"{separated} of {len(pairs)} pairs are separated (up to n = {n} seeds per pair; "
+            f"every pair in `tables/pairwise.csv`). Each pair is tested alone, uncorrected for "
+            f"the {len(pairs)} comparisons: about 1 in 20 pairs with no true difference is "
+            "separated by chance."
+        )
+    return [
+        "## Which differences the seeds support",
+        "",
+        how,
+        "",
+        ranks_markdown(report.tables["ranks"]),
+        "",
+    ]

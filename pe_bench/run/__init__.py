@@ -1,0 +1,1 @@
+"""One run: typed configs, the plan, the job folder, training, evaluation, sweeps."""

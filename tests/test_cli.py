@@ -16,7 +16,7 @@ import torch
 from pe_bench import cli
 from pe_bench.errors import UserError
 from pe_bench.records import load_records
-from pe_bench.run.plan import TOP_KEYS
+from pe_bench.run.config import TOP_KEYS
 
 from .helpers import CLASSIC, TINY, assert_regenerates, pe_bench
 

@@ -12,7 +12,7 @@ from pe_bench.config import Range, check_value, from_node
 from pe_bench.data.corpus import check_config, load_corpus
 from pe_bench.errors import UserError
 from pe_bench.positions import scheme_class
-from pe_bench.pretrained import hf, load
+from pe_bench.run.config import RunConfig
 from pe_bench.run.evaluate import EvalConfig
 from pe_bench.run.plan import plan
 from pe_bench.run.train import FinetuneConfig, TrainConfig
@@ -43,9 +43,9 @@ def test_every_experiment_composes_and_builds(experiment):
     fine-tunes served, data config valid (remote datasets are not downloaded). The plan builds
     no model, so the GPU-sized experiments plan in no memory."""
     cfg = compose(f"experiment={experiment}", hydra=True)
-    if load.is_pretrained(cfg):  # a pretrained model: parsed (nothing trained, nothing loaded)
-        job = hf.parse(cfg)
-        assert job.model.name and job.eval.variants
+    parsed = RunConfig.parse(cfg)
+    if parsed.pretrained:  # a pretrained model: parsed (nothing trained, nothing loaded)
+        assert parsed.model.name and parsed.eval.variants
         return
     swept = (cfg.hydra.sweeper.get("params") or {}).get("pe")
     for scheme in swept.split(",") if swept else [cfg.pe.name]:

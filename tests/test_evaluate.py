@@ -138,7 +138,7 @@ def test_random_positions_are_evaluated_as_the_mean_of_seeded_draws(stream):
 
     model = tiny_model("randomized_rope")
     scorer = lm_scorer(stream, 64, torch.device("cpu"))
-    task = EvalTask("none", "", None, 16, "nonoverlap", 16)
+    task = EvalTask("none", "", None, 16, "nonoverlap", 16, 64)
     (scored,) = evaluate_tasks(model, [task], scorer, torch.device("cpu"), "randomized_rope")
     assert len(scored.draw_nll) == model.pe.eval_draws == 4
     assert len(set(scored.draw_nll)) == 4  # each draw placed the windows elsewhere
@@ -150,7 +150,7 @@ def test_random_positions_are_evaluated_as_the_mean_of_seeded_draws(stream):
 def test_deterministic_positions_are_scored_once(stream):
     from pe_bench.run.evaluate import EvalTask, evaluate_tasks, lm_scorer
 
-    task = EvalTask("none", "", None, 16, "nonoverlap", 16)
+    task = EvalTask("none", "", None, 16, "nonoverlap", 16, 64)
     scorer = lm_scorer(stream, 64, torch.device("cpu"))
     (scored,) = evaluate_tasks(tiny_model("rope"), [task], scorer, torch.device("cpu"), "rope")
     assert len(scored.draw_nll) == 1 and scored.draw_nll[0] == scored.result.nll

@@ -19,9 +19,10 @@ from pe_bench import cli
 from pe_bench.errors import UserError
 from pe_bench.positions import register
 from pe_bench.positions.rotary import RoPE
-from pe_bench.pretrained import hf, load, rope
+from pe_bench.pretrained import load, rope
 from pe_bench.records import RECORDS, read_jsonl
 from pe_bench.report.build import build_report
+from pe_bench.run.config import ROPE_IMPLS, PretrainedConfig, RunConfig
 from pe_bench.run.evaluate import EvalConfig
 
 from .helpers import compose
@@ -52,7 +53,7 @@ def checkpoints(tmp_path_factory) -> dict[str, str]:
 def loaded(checkpoints) -> dict[str, tuple[torch.nn.Module, rope.RopeSpec]]:
     out = {}
     for arch, folder in checkpoints.items():
-        model = load.load_model(load.HFConfig(name=folder), torch.device("cpu"))
+        model = load.load_model(PretrainedConfig(name=folder), torch.device("cpu"))
         out[arch] = (model, rope.rope_spec(model.config, None, folder))
     return out
 
@@ -135,7 +136,7 @@ def test_a_variant_is_undone_after_use(loaded):
     x = tokens(model)
     before = logits(model, x)
     for name in ("yarn", "pi"):
-        for impl in load.IMPLS:
+        for impl in ROPE_IMPLS:
             logits(model, x, variant(spec, HF_VARIANTS[name]), spec, impl)
     logits(model, x, variant(spec, {"name": "logn"}), spec)
     assert torch.equal(logits(model, x), before)
@@ -194,16 +195,16 @@ def test_an_unknown_model_offline_is_one_line(monkeypatch):
     # the hub reads the variable once, at import: an earlier test may have imported it
     monkeypatch.setattr(pytest.importorskip("huggingface_hub").constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(UserError) as caught:
-        load.load_config(load.HFConfig(name="no-such-org/no-such-model-pe-bench"))
+        load.load_config(PretrainedConfig(name="no-such-org/no-such-model-pe-bench"))
     message = str(caught.value)
     assert "\n" not in message and "no-such-org/no-such-model-pe-bench" in message
 
 
 def test_model_hf_needs_a_name_and_a_known_rope_impl():
     with pytest.raises(UserError, match=r"model\.name"):
-        hf.parse(compose("model=hf"))
+        RunConfig.parse(compose("model=hf"))
     with pytest.raises(UserError, match="rope_impl"):
-        hf.parse(compose("model=hf", "model.name=x", "model.rope_impl=magic"))
+        RunConfig.parse(compose("model=hf", "model.name=x", "model.rope_impl=magic"))
 
 
 @pytest.mark.slow

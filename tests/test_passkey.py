@@ -17,6 +17,7 @@ from pe_bench.pretrained import load, passkey, rope
 from pe_bench.records import PASSKEY_MODE
 from pe_bench.report.aggregate import wilson
 from pe_bench.report.passkey import section as passkey_section
+from pe_bench.run.config import PasskeyConfig, PretrainedConfig
 from pe_bench.run.evaluate import EvalConfig
 
 from .hf_helpers import CONTEXT, tiny_checkpoint, tiny_tokenizer
@@ -95,7 +96,7 @@ def test_a_length_below_the_bare_prompt_is_refused(tokenizer):
 
 
 def test_depths_are_stratified_keys_in_range_and_prompts_shared_by_variants():
-    cfg = passkey.PasskeyConfig(trials=8, seed=3)
+    cfg = PasskeyConfig(trials=8, seed=3)
     draws = passkey.draws(cfg, 512)
     assert passkey.draws(cfg, 512) == draws  # every variant gets the same prompts
     assert passkey.draws(cfg, 1024) != draws
@@ -130,7 +131,7 @@ def test_the_wilson_interval():
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     folder = tiny_checkpoint("llama", tmp_path_factory.mktemp("pk") / "llama")
-    return load.load_model(load.HFConfig(name=str(folder)), torch.device("cpu"))
+    return load.load_model(PretrainedConfig(name=str(folder)), torch.device("cpu"))
 
 
 @pytest.mark.parametrize("name", [None, "yarn", "logn"])

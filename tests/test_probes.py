@@ -57,7 +57,7 @@ def model_with(pe_factory, layers: int = 2) -> GPT:
 
 def gain_task(length: int, windows: int = 4, targets: int = 6) -> probes.ProbeTask:
     fields = {"count": windows, "per_window": targets, "context_len": 16}
-    return probes.ProbeTask("none", "", None, length, "context_gain", length, **fields)
+    return probes.ProbeTask("none", "", None, length, "context_gain", length, 0, **fields)
 
 
 # ---- context gain ---------------------------------------------------------------------------
@@ -135,7 +135,7 @@ def test_a_model_that_ignores_context_has_no_retrieval_gain():
     model = tiny_model("nope")
     for block in model.blocks:
         torch.nn.init.zeros_(block.attn.proj.weight)
-    task = probes.ProbeTask("none", "", None, 64, "retrieval", 64, count=6, distance=16)
+    task = probes.ProbeTask("none", "", None, 64, "retrieval", 64, 0, count=6, distance=16)
     text = torch.randint(0, 256, (5000,), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         found = probes.retrieval(model, text, task, 256, CPU)
@@ -163,7 +163,7 @@ def test_uniform_attention_has_the_textbook_distance_and_entropy(stream):
     for block in model.blocks:
         with torch.no_grad():
             block.attn.qkv.weight[:32] = 0
-    task = probes.ProbeTask("none", "", None, 32, "attention", 32, count=2)
+    task = probes.ProbeTask("none", "", None, 32, "attention", 32, 0, count=2)
     with torch.no_grad():
         found = probes.attention(model, stream, task, 64, CPU)
     i = torch.arange(32, dtype=torch.float64)

@@ -16,7 +16,7 @@ START = {"name": "job", "group": "g", "job_type": "train", "config": {}}
 
 def test_default_logger_does_nothing_and_needs_no_wandb(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "wandb", None)  # importing wandb would fail
-    tracker = tracking.start({"name": "none"}, folder=tmp_path, **START)
+    tracker = tracking.start(tracking.parse_logger({"name": "none"}), folder=tmp_path, **START)
     assert type(tracker) is tracking.Tracker
     tracker.log_point({"step": 1, "loss": 2.0})
     tracker.finish()
@@ -26,14 +26,14 @@ def test_default_logger_does_nothing_and_needs_no_wandb(monkeypatch, tmp_path):
 def test_wandb_without_the_package_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(UserError, match=r"logger=wandb needs the wandb package: pip install"):
-        tracking.start({"name": "wandb"}, folder=tmp_path, **START)
+        tracking.start(tracking.parse_logger({"name": "wandb"}), folder=tmp_path, **START)
 
 
 def test_bad_logger_settings(tmp_path):
     with pytest.raises(UserError, match="logger='tensorboard' is not a logger"):
-        tracking.start({"name": "tensorboard"}, folder=tmp_path, **START)
+        tracking.parse_logger({"name": "tensorboard"})
     with pytest.raises(UserError, match="logger.mode='offlne' must be one of"):
-        tracking.start({"name": "wandb", "mode": "offlne"}, folder=tmp_path, **START)
+        tracking.parse_logger({"name": "wandb", "mode": "offlne"})
 
 
 @pytest.mark.slow

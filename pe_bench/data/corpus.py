@@ -106,9 +106,9 @@ class Corpus:
 
 
 def load_corpus(cfg: Mapping[str, Any]) -> Corpus | TaskData:
-    """Load the corpus (or task) a ``data`` config describes (cached per config in a process)."""
+    """Load the corpus (or task) a ``data`` config describes, as ``check_config`` passed it
+    (``run.config.RunConfig.parse`` checks it once); cached per config in a process."""
     if cfg.get("source") == "task":
-        check_config(cfg)
         return load_task(cfg)
     return _load_cached(json.dumps(dict(cfg), sort_keys=True, default=str))
 
@@ -169,7 +169,6 @@ def check_config(cfg: Mapping[str, Any]) -> None:
 @lru_cache(maxsize=4)
 def _load_cached(cfg_json: str) -> Corpus:
     cfg = json.loads(cfg_json)
-    check_config(cfg)
     source = cfg.get("source")
     if source == "stdlib":
         splits = split_documents(stdlib_documents(), cfg)

@@ -214,5 +214,11 @@ def build_model(cfg: ModelConfig, pe_cfg: Mapping[str, Any], train_len: int, see
     the same trunk.
     """
     pe = seeded_scheme(partial(build_scheme, pe_cfg), cfg.dims(train_len), seed)
+    return model_with_scheme(cfg, pe, seed)
+
+
+def model_with_scheme(cfg: ModelConfig, pe: PositionScheme, seed: int) -> GPT:
+    """The model around a scheme built by ``seeded_scheme`` with the same ``seed``: the trunk
+    initialised from ``seed``, whatever the scheme."""
     torch.manual_seed(seed)
     return GPT(cfg, pe)

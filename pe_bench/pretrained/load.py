@@ -4,48 +4,16 @@ corpus tokenized by it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
-from pe_bench.config import Range
 from pe_bench.data.tokenizer import HF_PREFIX, HFTokenizer
 from pe_bench.errors import UserError
 from pe_bench.pretrained.rope import ATTENTION, _transformers, register_attention, rotary_modules
-
-SOURCE = "hf"  # model.source of a pretrained model
-
-
-IMPLS = ("pe_bench", "hf")
-
-
-@dataclass
-class HFConfig:
-    """``conf/model/hf.yaml``: which pretrained model, and how it is evaluated."""
-
-    source: str = SOURCE
-    name: str = ""  # hub id (needs a network or the HF cache) or local folder
-    revision: str | None = None  # hub branch, tag or commit
-    train_len: Annotated[int, Range(ge=2)] | None = None  # null: from the model's config
-    rope_impl: str = "pe_bench"  # pe_bench | hf: how variants with an HF rope_type are applied
-    test_slices: Annotated[int, Range(ge=1)] = 4  # disjoint test slices: the CIs are over them
-    passkey: dict[str, Any] | None = (
-        None  # pe_bench.pretrained.passkey.PasskeyConfig; null: no passkey
-    )
-
-    def __post_init__(self) -> None:
-        if self.name in ("", "???"):
-            raise UserError("model=hf needs model.name=<hub id or local folder>")
-        if self.rope_impl not in IMPLS:
-            raise UserError(f"model.rope_impl={self.rope_impl!r}; allowed: {', '.join(IMPLS)}")
-
-
-def is_pretrained(cfg: DictConfig) -> bool:
-    """Whether a composed config evaluates a pretrained HF model (``model=hf``)."""
-    return OmegaConf.select(cfg, "model.source", default=None) == SOURCE
+from pe_bench.run.config import PretrainedConfig
 
 
 def _one_line(err: BaseException) -> str:
@@ -139,7 +107,7 @@ class LogitsOnly(nn.Module):
         return self.model(input_ids=x, use_cache=False).logits
 
 
-def load_config(cfg: HFConfig) -> Any:
+def load_config(cfg: PretrainedConfig) -> Any:
     """The model's HF config (from the hub, the HF cache or a local folder)."""
     transformers = _transformers()
     try:
@@ -148,7 +116,7 @@ def load_config(cfg: HFConfig) -> Any:
         raise _load_error("config", cfg.name, err) from err
 
 
-def load_model(cfg: HFConfig, device: torch.device) -> nn.Module:
+def load_model(cfg: PretrainedConfig, device: torch.device) -> nn.Module:
     """The pretrained weights in float32, in eval mode, with the ``pe_bench`` attention."""
     transformers = _transformers()
     register_attention()

@@ -33,17 +33,18 @@ import random
 import re
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from pe_bench.config import Range, check_fields, config_hash, from_node
+from pe_bench.config import config_hash
 from pe_bench.errors import UserError
 from pe_bench.pretrained.rope import rope_variant
 from pe_bench.records import PASSKEY_MODE
 from pe_bench.report.aggregate import wilson
+from pe_bench.run.config import PasskeyConfig
 from pe_bench.run.evaluate import OUT_OF_MEMORY, EvalTask, is_out_of_memory
 from pe_bench.run.train import autocast
 
@@ -62,30 +63,6 @@ QUESTION = "What is the pass key? The pass key is"
 KEYS = (1, 50000)  # the key is drawn from this range, both ends included
 
 
-@dataclass
-class PasskeyConfig:
-    """``model.passkey`` in ``conf/model/hf.yaml``."""
-
-    factors: list[Annotated[float, Range(gt=0)]] = field(default_factory=lambda: [0.5, 1, 2, 4])
-    lengths: list[Annotated[int, Range(ge=1)]] | None = None  # tokens; default: factors x L
-    trials: Annotated[int, Range(ge=1)] = 10  # prompts per length (the CI is over them)
-    depth_bins: Annotated[int, Range(ge=1)] = 5  # rows of the depth x length figure
-    max_new_tokens: Annotated[int, Range(ge=1)] = 10  # as the originals
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        check_fields(self, "model.passkey")
-
-    def prompt_lengths(self, train_len: int) -> list[int]:
-        """Sorted distinct target lengths in tokens."""
-        return sorted(set(self.lengths or [round(f * train_len) for f in self.factors]))
-
-
-def parse_config(node: dict[str, Any] | None) -> PasskeyConfig | None:
-    """``model.passkey`` (null: no passkey test)."""
-    return None if node is None else from_node(PasskeyConfig, node, "model.passkey")
-
-
 def settings_hash(cfg: PasskeyConfig) -> str:
     """What a passkey record's numbers depend on besides the model, variant and length."""
     settings = asdict(cfg)
@@ -99,7 +76,9 @@ def tasks(
 ) -> list[EvalTask]:
     """One task per (variant, target length); ``stride`` is the length (one prompt each)."""
     return [
-        EvalTask(variant, digest, scheme, length, PASSKEY_MODE, length)
+        EvalTask(
+            variant, digest, scheme, length, PASSKEY_MODE, length, cfg.trials, settings_hash(cfg)
+        )
         for variant, digest, scheme in schemes
         for length in cfg.prompt_lengths(train_len)
     ]
@@ -207,6 +186,25 @@ def cache_keyword(model: nn.Module) -> str:
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
+def trials_record(prompts: list[Prompt], answers: list[int | None]) -> dict[str, Any]:
+    """An ok passkey record's numbers: accuracy over the trials with its 95% Wilson interval,
+    and each trial's depth, prompt length, key and answer."""
+    correct = [int(a == p.key) for a, p in zip(answers, prompts, strict=True)]
+    low, high = wilson(sum(correct), len(correct))
+    return {
+        "status": "ok",
+        "passkey_acc": sum(correct) / len(correct),
+        "ci_low": low,
+        "ci_high": high,
+        "trials": len(correct),
+        "correct": correct,
+        "depth": [p.depth for p in prompts],
+        "prompt_tokens": [len(p.ids) for p in prompts],
+        "key": [p.key for p in prompts],
+        "answer": answers,
+    }
+
+
 def run(
     model: nn.Module,
     tokenizer: Any,
@@ -233,7 +231,7 @@ def run(
             prompts[length] = [fit_prompt(tokenize, length, d, k) for d, k in draws(cfg, length)]
         variant = variants.get(task.variant)
         label = name + ("" if variant is None else f"+{variant.key}")
-        key = {**task.fields(cfg.trials), "probe_hash": settings_hash(cfg)}
+        key = task.fields()
         start = time.perf_counter()
         answers, impl = [], "none"
         try:
@@ -249,22 +247,7 @@ def run(
             log.error("%s passkey: %s; recorded as skipped", label, reason)
             yield {**key, "status": "skipped", "reason": reason}
             continue
-        correct = [int(a == p.key) for a, p in zip(answers, prompts[length], strict=True)]
-        low, high = wilson(sum(correct), len(correct))
-        acc = sum(correct) / len(correct)
-        log.info("%s passkey L=%d: %d/%d right", label, length, sum(correct), len(correct))
-        yield {
-            **key,
-            "status": "ok",
-            "passkey_acc": acc,
-            "ci_low": low,
-            "ci_high": high,
-            "trials": len(correct),
-            "correct": correct,
-            "depth": [p.depth for p in prompts[length]],
-            "prompt_tokens": [len(p.ids) for p in prompts[length]],
-            "key": [p.key for p in prompts[length]],
-            "answer": answers,
-            "rope_impl": impl,
-            "time_s": round(time.perf_counter() - start, 3),
-        }
+        record = trials_record(prompts[length], answers)
+        right, trials = sum(record["correct"]), record["trials"]
+        log.info("%s passkey L=%d: %d/%d right", label, length, right, trials)
+        yield {**key, **record, "rope_impl": impl, "time_s": round(time.perf_counter() - start, 3)}

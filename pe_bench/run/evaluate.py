@@ -34,7 +34,15 @@ from pe_bench.data.tasks import IGNORE, TaskData
 from pe_bench.errors import UserError
 from pe_bench.model.gpt import GPT
 from pe_bench.positions import PositionScheme
-from pe_bench.records import MODES, PROBES, RECORD_KEY, TASK_MODE, peak_memory_mb, reset_peak_memory
+from pe_bench.records import (
+    MODES,
+    PROBES,
+    RECORD_KEY,
+    TASK_MODE,
+    make_record,
+    peak_memory_mb,
+    reset_peak_memory,
+)
 from pe_bench.run.train import autocast, swap_scheme
 
 log = logging.getLogger(__name__)
@@ -113,6 +121,11 @@ class EvalResult:
     @property
     def nll(self) -> float:
         return self.nll_sum / self.tokens
+
+    def record(self, fields: dict[str, Any], bytes_per_token: float, **cost: Any) -> dict[str, Any]:
+        """An ok perplexity record: NLL, perplexity and bits per byte (``bytes_per_token`` of
+        exactly the scored targets), then the costs."""
+        return make_record(fields, {}, "ok", self.nll, bytes_per_token, **cost)
 
     def position_loss(self) -> list[float | None]:
         """Mean loss at each offset in the window; None where nothing was scored."""
@@ -222,7 +235,8 @@ def scheme_swapped(model: GPT, scheme: PositionScheme | None):
 
 @dataclass(frozen=True)
 class EvalTask:
-    """One record to compute: a scheme (the model's own or a variant) at one length and mode."""
+    """One record to compute: a scheme (the model's own or a variant) at one length and mode,
+    over ``tokens`` scored targets (instances of a synthetic task, trials of passkey)."""
 
     variant: str  # "none" for the model's own scheme, else the key in eval.variants
     variant_hash: str  # hash of the variant's config ("" for none): a changed variant recomputes
@@ -230,13 +244,17 @@ class EvalTask:
     eval_len: int
     mode: str
     stride: int
+    tokens: int
+    probe_hash: str = ""  # a probe's (or passkey's) settings: changed settings recompute
 
-    def key(self, tokens: int) -> tuple:
-        """The record key's values (``RECORD_KEY``) for ``tokens`` scored targets."""
-        return (self.variant, self.variant_hash, self.eval_len, self.mode, self.stride, tokens)
+    def key(self) -> tuple:
+        """The record key's values (``RECORD_KEY``)."""
+        return (self.variant, self.variant_hash, self.eval_len, self.mode, self.stride, self.tokens)
 
-    def fields(self, tokens: int) -> dict[str, Any]:
-        return dict(zip(RECORD_KEY, self.key(tokens), strict=True))
+    def fields(self) -> dict[str, Any]:
+        """The record's key fields (with the probe's settings hash where it has one)."""
+        probe = {"probe_hash": self.probe_hash} if self.probe_hash else {}
+        return dict(zip(RECORD_KEY, self.key(), strict=True)) | probe
 
 
 def eval_tasks(
@@ -244,16 +262,17 @@ def eval_tasks(
     lengths: list[int],
     cfg: EvalConfig,
     train_len: int,
+    tokens: int,
     modes: list[str] | None = None,
 ) -> list[EvalTask]:
     """Every (variant, length, mode) of ``schemes`` (variant key, variant hash, scheme), in
-    ``modes`` (default ``cfg.modes``)."""
+    ``modes`` (default ``cfg.modes``), each over ``tokens`` targets."""
     tasks = []
     for variant, variant_hash, scheme in schemes:
         for length in lengths:
             for mode in modes or cfg.modes:
                 stride = cfg.stride_for(mode, length, train_len)
-                tasks.append(EvalTask(variant, variant_hash, scheme, length, mode, stride))
+                tasks.append(EvalTask(variant, variant_hash, scheme, length, mode, stride, tokens))
     return tasks
 
 
@@ -292,6 +311,17 @@ class TaskScore:
     @property
     def nll(self) -> float:
         return self.nll_sum / self.answer_tokens
+
+    def record(self, fields: dict[str, Any], **cost: Any) -> dict[str, Any]:
+        """An ok task record: exact match and token accuracy over the answer tokens."""
+        numbers = {
+            "instances": self.instances,
+            "answer_tokens": self.answer_tokens,
+            "exact_match": self.exact_match,
+            "token_acc": self.token_acc,
+            "answer_nll": self.nll,
+        }
+        return {**fields, "status": "ok", **numbers, **cost}
 
     @classmethod
     def pooled(cls, results: list[TaskScore]) -> TaskScore:

@@ -1,29 +1,32 @@
-"""What a run will do, decided before any data is read or any model is trained.
+"""What a run of a model pe-bench trains will do, decided before any data is read or any
+model is trained.
 
-``plan(cfg)`` parses the composed Hydra config once into typed configs (``RunConfig``), checks
-everything that can be refused (an unknown scheme or option, a length a scheme cannot serve, a
-bad data config, a fine-tune of a wrong value) and lists the records the run owes: the trained
-model's evaluation tasks (its own scheme and every eval-time variant that applies to it) and
-each fine-tune's. The model itself is built only when the run needs it (``Plan.build_model``).
+``plan(cfg)`` takes the typed configs (``run.config.RunConfig``), checks everything that can be
+refused (an unknown scheme or option, a length a scheme cannot serve, a fine-tune of a wrong
+value, a batch that cannot fit) and lists every record the run owes: the trained model's
+evaluation tasks (its own scheme and every eval-time variant that applies to it, then the
+context-use probes of each) and each fine-tune's. The scheme is built once, here, as the model
+will have it; the model itself only when the run needs it (``Plan.build_model``).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-import difflib
 import logging
 import os
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from pe_bench.config import config_hash, from_node, to_dict
-from pe_bench.data.corpus import VOCAB_SIZE, check_config, identity_keys
+from pe_bench.config import config_hash
+from pe_bench.data.corpus import VOCAB_SIZE
 from pe_bench.data.tasks import build_task
 from pe_bench.errors import UserError
-from pe_bench.model.gpt import GPT, ModelConfig, build_model, check_attention
+from pe_bench.model.gpt import GPT, ModelConfig, check_attention, model_with_scheme, seeded_scheme
 from pe_bench.positions import (
     META_KEYS,
     PositionScheme,
@@ -34,90 +37,12 @@ from pe_bench.positions import (
     source_hash,
 )
 from pe_bench.records import TASK_MODE
-from pe_bench.run import tracking
-from pe_bench.run.evaluate import EvalConfig, EvalTask, eval_tasks
-from pe_bench.run.train import FinetuneConfig, TrainConfig, resolve_device
+from pe_bench.run.config import RunConfig
+from pe_bench.run.evaluate import EvalTask, eval_tasks
+from pe_bench.run.probes import probe_tasks
+from pe_bench.run.train import TrainConfig, resolve_device
 
 log = logging.getLogger(__name__)
-
-# The keys a composed config may have at its top: conf/config.yaml's and its groups'.
-# Anything else is a typo that Hydra added as a new key (``+modle=smoke``) and nothing reads.
-TOP_KEYS = (
-    *("pe", "model", "data", "train", "eval", "logger"),
-    *("name", "out_root", "report", "force", "finetunes", "compare"),
-)
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """The composed config, parsed once: typed where pe-bench reads it, plain where a scheme or
-    data source does."""
-
-    model: ModelConfig
-    train: TrainConfig
-    eval: EvalConfig
-    pe: dict[str, Any]
-    data: dict[str, Any]
-    finetunes: dict[str, FinetuneConfig]
-    resolved: dict[str, Any]  # the whole config as plain values
-    yaml: str  # what config.yaml in the job folder holds
-    run_hash: str  # identifies the trained model (see ``RunConfig.parse``)
-    name: str = "default"
-    force: bool = False
-    logger: Any = None
-
-    @classmethod
-    def parse(cls, cfg: DictConfig) -> RunConfig:
-        if "hydra" in cfg:  # composed with return_hydra_config: the run's own config only
-            cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-        check_top_keys(cfg)
-        resolved = to_dict(cfg)
-        pe = resolved.get("pe")
-        if not isinstance(pe, dict) or "name" not in pe:
-            raise UserError("pe must be a scheme config with a name; pick one with pe=<name>")
-        finetunes = resolved.get("finetunes") or {}
-        if not isinstance(finetunes, dict):
-            raise UserError(
-                f"finetunes={finetunes!r} must map keys to fine-tunes, e.g. "
-                "+finetune@finetunes.pi=pi"
-            )
-        # The trained model's identity: architecture, scheme, data and training; how attention
-        # is computed is left out (the numbers are the same either way). Each part enters the
-        # hash as its config node's str() (its keys in config order, interpolations as
-        # written), as every run id so far was made: a change here renames every stored run.
-        # The data's tokenizer keys enter only when they are not the byte tokenizer's.
-        arch = OmegaConf.masked_copy(cfg.model, [k for k in cfg.model if k != "attention"])
-        data = OmegaConf.masked_copy(cfg.data, identity_keys(cfg.data))
-        parts = {"model": arch, "pe": cfg.pe, "data": data, "train": cfg.train}
-        return cls(
-            model=from_node(ModelConfig, resolved.get("model"), "model"),
-            train=from_node(TrainConfig, resolved.get("train"), "train"),
-            eval=from_node(EvalConfig, resolved.get("eval"), "eval"),
-            pe=pe,
-            data=resolved.get("data"),
-            finetunes={
-                k: from_node(FinetuneConfig, v, f"finetunes.{k}") for k, v in finetunes.items()
-            },
-            resolved=resolved,
-            yaml=OmegaConf.to_yaml(cfg, resolve=True),
-            run_hash=config_hash(parts),
-            name=str(resolved.get("name", "default")),
-            force=bool(resolved.get("force", False)),
-            logger=resolved.get("logger"),
-        )
-
-
-def check_top_keys(cfg: DictConfig) -> None:
-    """Refuse a top-level key nothing reads (``+modle=smoke``: a misspelled group that Hydra
-    adds as a plain value), naming the allowed keys and the closest one."""
-    unknown = sorted(str(key) for key in cfg if key not in TOP_KEYS and key != "hydra")
-    if unknown:
-        key = unknown[0]
-        close = difflib.get_close_matches(key, TOP_KEYS, n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        raise UserError(
-            f"unknown key {key}{hint}; allowed: {', '.join(sorted(TOP_KEYS))}, experiment"
-        )
 
 
 @dataclass(frozen=True)
@@ -147,17 +72,18 @@ class Finetune:
 
 @dataclass(frozen=True)
 class Plan:
+    """A model pe-bench trains: its scheme, device, and every record it and its fine-tunes owe."""
+
     cfg: RunConfig
-    scheme: PositionScheme  # the trained scheme, as planned (the model builds its own)
-    run_hash: str
+    scheme: PositionScheme  # the trained scheme, built once as the model's (``build_model``)
     device: torch.device
-    tasks: list[EvalTask]  # of the trained model
-    n_targets: int  # eval targets, the same at every length
+    tasks: list[EvalTask]  # of the trained model: perplexity (or a task's accuracy), then probes
+    n_targets: int  # eval targets (a task's instances), the same at every length
     finetunes: list[Finetune]
 
     @property
     def run_id(self) -> str:
-        return f"{self.scheme.name}-{self.run_hash}"
+        return f"{self.scheme.name}-{self.cfg.run_hash}"
 
     @property
     def pe_source(self) -> str:
@@ -174,11 +100,12 @@ class Plan:
         return [(self.run_id, self.tasks), *((ft.run_id, ft.tasks) for ft in self.finetunes)]
 
     def build_model(self, vocab_size: int = VOCAB_SIZE) -> GPT:
-        """The model to train: seeded, the same trunk for every scheme (``build_model``), with
-        the vocabulary of the corpus's tokenizer (``model_vocab``)."""
+        """The model to train around a copy of the planned scheme: the same trunk for every
+        scheme (``model_with_scheme``), with the vocabulary of the corpus's tokenizer
+        (``model_vocab``)."""
         cfg = self.cfg
         model_cfg = dataclasses.replace(cfg.model, vocab_size=model_vocab(cfg.model, vocab_size))
-        return build_model(model_cfg, cfg.pe, cfg.train.seq_len, cfg.train.seed)
+        return model_with_scheme(model_cfg, copy.deepcopy(self.scheme), cfg.train.seed)
 
 
 def model_vocab(model: ModelConfig, tokenizer_vocab: int) -> int:
@@ -197,12 +124,15 @@ def model_vocab(model: ModelConfig, tokenizer_vocab: int) -> int:
 
 
 def plan(cfg: DictConfig | RunConfig) -> Plan:
-    """Parse and check the config and list the evaluations; refuses anything that cannot be
+    """Check the config and list every record the run owes; refuses anything that cannot be
     served, before any data is read or any training."""
     run_cfg = cfg if isinstance(cfg, RunConfig) else RunConfig.parse(cfg)
     train_len = run_cfg.train.seq_len
     device = _check_inputs(run_cfg)
-    scheme = _built(run_cfg.pe, run_cfg)
+    dims = run_cfg.model.dims(train_len)
+    scheme = seeded_scheme(
+        partial(build_scheme, run_cfg.pe, prefix="pe."), dims, run_cfg.train.seed
+    )
     if scheme.variant_of:
         raise UserError(
             f"pe={scheme.name} is an eval-time variant of {scheme.variant_of}: train "
@@ -217,14 +147,21 @@ def plan(cfg: DictConfig | RunConfig) -> Plan:
     # The trained scheme's tasks evaluate the model's own scheme (None), not the planned copy.
     evaluated = [(key, digest, None if key == "none" else s) for key, digest, s in schemes]
     modes = _modes(run_cfg, lengths)
-    tasks = eval_tasks(evaluated, lengths, run_cfg.eval, train_len, modes)
-    run_hash = run_cfg.run_hash
-    finetunes = _finetunes(run_cfg, scheme, lengths, f"{scheme.name}-{run_hash}", modes)
     if modes == [TASK_MODE]:  # a synthetic task scores instances, the same number per length
         n_targets = int(run_cfg.data["eval_instances"])
     else:
         n_targets = run_cfg.eval.n_targets(lengths)
-    return Plan(run_cfg, scheme, run_hash, device, tasks, n_targets, finetunes)
+    tasks = with_probes(
+        eval_tasks(evaluated, lengths, run_cfg.eval, train_len, n_targets, modes), run_cfg
+    )
+    run_id = f"{scheme.name}-{run_cfg.run_hash}"
+    finetunes = _finetunes(run_cfg, scheme, lengths, run_id, modes, n_targets)
+    return Plan(run_cfg, scheme, device, tasks, n_targets, finetunes)
+
+
+def with_probes(tasks: list[EvalTask], cfg: RunConfig) -> list[EvalTask]:
+    """``tasks`` then the context-use probes of every scheme they evaluate (text only)."""
+    return [*tasks, *probe_tasks(tasks, cfg.eval, cfg.train.seq_len)]
 
 
 def _modes(cfg: RunConfig, lengths: list[int]) -> list[str]:
@@ -241,7 +178,6 @@ def _modes(cfg: RunConfig, lengths: list[int]) -> list[str]:
 def _check_inputs(cfg: RunConfig) -> torch.device:
     """Check what the typed configs cannot check alone (data, vocabulary, device, memory,
     logger); returns the device the run trains on."""
-    check_config(cfg.data)
     byte = cfg.data.get("tokenizer", "byte") == "byte"  # others: checked once loaded
     if byte and cfg.model.vocab_size < VOCAB_SIZE:
         raise UserError(
@@ -256,7 +192,6 @@ def _check_inputs(cfg: RunConfig) -> torch.device:
     check_step_memory(cfg.train, model, device, "train")
     for key, ft in cfg.finetunes.items():
         check_step_memory(ft.train_config(cfg.train), model, device, f"finetunes.{key}")
-    tracking.check_config(cfg.logger)
     return device
 
 
@@ -340,7 +275,12 @@ def check_shared_options(variant: dict[str, Any], trained: dict[str, Any], where
 
 
 def _finetunes(
-    cfg: RunConfig, trained: PositionScheme, lengths: list[int], run_id: str, modes: list[str]
+    cfg: RunConfig,
+    trained: PositionScheme,
+    lengths: list[int],
+    run_id: str,
+    modes: list[str],
+    n_targets: int,
 ) -> list[Finetune]:
     """The fine-tunes that apply to the trained scheme (with it, or with a variant of it)."""
     finetunes = []
@@ -354,7 +294,9 @@ def _finetunes(
         for length in lengths:
             scheme.check_length(length)
         # A fine-tuned model is evaluated as it was fine-tuned: no eval-time variants.
-        tasks = eval_tasks([("none", "", None)], lengths, cfg.eval, cfg.train.seq_len, modes)
+        none = [("none", "", None)]
+        tasks = eval_tasks(none, lengths, cfg.eval, cfg.train.seq_len, n_targets, modes)
+        tasks = with_probes(tasks, cfg)
         ft_hash = config_hash(cfg.resolved["finetunes"][key])
         finetunes.append(Finetune(key, ft_hash, train, scheme, tasks, f"{run_id}:{key}-{ft_hash}"))
     return finetunes

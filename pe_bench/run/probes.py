@@ -46,7 +46,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +56,7 @@ from pe_bench.config import config_hash
 from pe_bench.errors import UserError
 from pe_bench.model.attention import MASK_BUDGET, causal_allowed, scheme_logits
 from pe_bench.model.gpt import GPT, CausalSelfAttention, ForwardContext
+from pe_bench.records import make_record
 from pe_bench.report.aggregate import t_interval
 from pe_bench.run.evaluate import (
     MODES,
@@ -66,9 +67,6 @@ from pe_bench.run.evaluate import (
     scheme_swapped,
 )
 from pe_bench.run.train import autocast
-
-if TYPE_CHECKING:
-    from pe_bench.run.plan import Plan
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +82,6 @@ LN2 = math.log(2)
 class ProbeTask(EvalTask):
     """One probe record to compute: ``mode`` is the probe, ``eval_len`` the sequence length."""
 
-    probe_hash: str = ""  # of the probe's settings (``probe_hashes``)
     count: int = 0  # windows (context_gain, attention) or snippets (retrieval)
     per_window: int = 0  # context_gain: targets scored per window
     context_len: int = 0  # context_gain: L_train, the truncated context
@@ -107,12 +104,6 @@ def probe_hashes(cfg: EvalConfig) -> dict[str, str]:
     return {p: config_hash({**settings[p], "version": VERSIONS[p]}) for p in cfg.probes}
 
 
-def owed(job: Plan) -> list[tuple[str, list[EvalTask]]]:
-    """``job.owed()`` with each model's probe tasks after its perplexity tasks."""
-    cfg, train_len = job.cfg.eval, job.cfg.train.seq_len
-    return [(rid, [*tasks, *probe_tasks(tasks, cfg, train_len)]) for rid, tasks in job.owed()]
-
-
 def probe_tasks(tasks: list[EvalTask], cfg: EvalConfig, train_len: int) -> list[ProbeTask]:
     """The probe tasks of every scheme (own or variant) that has perplexity tasks in ``tasks``
     (text LMs: none for a synthetic task's records), at their eval lengths."""
@@ -129,6 +120,7 @@ def probe_tasks(tasks: list[EvalTask], cfg: EvalConfig, train_len: int) -> list[
             task.scheme,
             mode=probe,
             stride=shape["eval_len"],  # one sequence per measurement, no sliding
+            tokens=task.tokens,
             probe_hash=hashes[probe],
             **shape,
         )
@@ -191,6 +183,10 @@ class Measured:
     values: dict[str, Any] = field(default_factory=dict)
     skipped: str = ""
     time_s: float = 0.0
+
+    def record(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """An ok probe record: the probe's numbers, then its time."""
+        return make_record(fields, self.task.fields(), "ok", **self.values, time_s=self.time_s)
 
     def summary(self) -> str:
         """The headline numbers, for the log."""

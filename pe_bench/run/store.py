@@ -152,9 +152,9 @@ class RunStore:
             path.unlink()
         log.info("force=true: recomputing %s from scratch", self.folder)
 
-    def missing(self, run_id: str, tasks: list[EvalTask], tokens: int) -> list[EvalTask]:
+    def missing(self, run_id: str, tasks: list[EvalTask]) -> list[EvalTask]:
         """The tasks of ``run_id`` that have no record yet."""
-        return [t for t in tasks if (run_id, *t.key(tokens)) not in self._done]
+        return [t for t in tasks if (run_id, *t.key()) not in self._done]
 
     def add(self, record: dict[str, Any], position_loss: list[float | None] | None = None) -> None:
         """Add a record (and the per-position loss of an ok one) and rewrite the files whole:

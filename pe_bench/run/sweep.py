@@ -10,6 +10,7 @@ exit status 1, after the line that says why.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import logging
 import os
@@ -24,7 +25,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from pe_bench.errors import UserError
 from pe_bench.records import COMMANDS, atomic_write_text, searchpath, sweep_command
@@ -34,6 +35,20 @@ from pe_bench.run import tracking
 from pe_bench.run.distributed import rank_from_env
 
 log = logging.getLogger("pe_bench")
+
+
+def run_dir_name(overrides: str) -> str:
+    """A job folder named after its overrides (``${run_dir:...}`` in conf/config.yaml):
+    ``default`` without any, no ``/`` (a value like ``data.path=/a/b`` would nest folders), and
+    a hash suffix instead of a name over 120 bytes (filesystems refuse names over 255)."""
+    name = overrides.replace("/", "_") or "default"
+    if len(name.encode()) > 120:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+        name = name.encode()[:100].decode(errors="ignore") + "-" + digest
+    return name
+
+
+OmegaConf.register_new_resolver("run_dir", run_dir_name, replace=True)
 
 FAILED = "error.txt"  # written into a job folder when the job stopped on bad input
 DONE = ".done"  # touched in a job folder when the job ends: sweep progress across processes
@@ -179,7 +194,7 @@ def write_report(root: Path, config: DictConfig) -> bool:
     try:
         report = build_report(root, options=Options(compare=config.get("compare")))
         tracker = tracking.start(
-            config.get("logger"),
+            tracking.parse_logger(config.get("logger")),
             name="report",
             group=str(config.get("name", "default")),
             job_type="report",

@@ -86,9 +86,9 @@ class WandbTracker(Tracker):
         self.run.finish()
 
 
-def check_config(logger: Any) -> WandbConfig | None:
+def parse_logger(logger: Any) -> WandbConfig | None:
     """The wandb settings of a ``logger`` config (None for ``none``), refused if a value is
-    wrong or wandb is missing: called at plan time, before any training, and by ``start``."""
+    wrong or wandb is missing: parsed once with the run's config, before any training."""
     settings = to_dict(logger) or {"name": "none"}
     if not isinstance(settings, dict):
         raise UserError(f"logger={settings!r} must be a logger config; use logger=none|wandb")
@@ -108,10 +108,15 @@ def check_config(logger: Any) -> WandbConfig | None:
 
 
 def start(
-    logger: Any, *, name: str, group: str, job_type: str, folder: Path, config: dict[str, Any]
+    cfg: WandbConfig | None,
+    *,
+    name: str,
+    group: str,
+    job_type: str,
+    folder: Path,
+    config: dict[str, Any],
 ) -> Tracker:
-    """The tracker the ``logger`` config node asks for; a no-op ``Tracker`` for ``none``."""
-    cfg = check_config(logger)
+    """The tracker ``cfg`` (``parse_logger``) asks for; a no-op ``Tracker`` for none."""
     if cfg is None:
         return Tracker()
     mode = cfg.mode or os.environ.get("WANDB_MODE") or "offline"

@@ -97,8 +97,8 @@ MEASURED = {"time_s", "train_time_s", "peak_mem_mb", "date", "hardware", "git_sh
 @pytest.mark.slow
 def test_one_config_in_two_processes_gives_identical_records(tmp_path):
     """On one machine and thread count, a run is bitwise reproducible across processes: every
-    record field but the measured ones is equal (the README's determinism claim; sinusoidal is
-    the scheme the review saw differ)."""
+    record field but the measured ones is equal (the determinism claim of docs/reliability.md;
+    sinusoidal is the scheme the review saw differ)."""
     args = ["pe=sinusoidal", *SLOW[1:]]
     for folder in ("a", "b"):
         run(*args, f"hydra.run.dir={tmp_path / folder}")

@@ -193,7 +193,8 @@ def measure(
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: the model shape, the schemes, and how long and how often to time."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--schemes", default="nope,learned,sinusoidal,t5,xl,rope,alibi")
     parser.add_argument("--d-model", type=int, default=256)
@@ -217,8 +218,13 @@ def main(argv: list[str] | None = None) -> None:
         "--profile", action="store_true", help="also print where a CPU training step's time goes"
     )
     parser.add_argument("--out", type=Path, default=Path("bench_throughput.csv"))
-    args = parser.parse_args(argv)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> None:
+    """Time every scheme (and x-transformers' twin of it), a line each, then write the CSV."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
     device = torch.device(args.device)
     if args.profile and device.type != "cpu":
         parser.error("--profile breaks down CPU steps; use --device cpu")
@@ -241,23 +247,39 @@ def main(argv: list[str] | None = None) -> None:
         # The peak is re-measured before every scheme and the best so far kept: a peak taken
         # while something else ran would inflate every MFU after it.
         peak = max(peak, matmul_peak(device, args.repeats))
-        ours = measure("pe-bench", scheme, args, device)
-        row = {
-            "scheme": scheme,
-            **{f"ours_{k}": v for k, v in ours.items()},
-            "ours_train_mfu": ours["train_gflop_s"] / peak,
-            "ours_eval_mfu": ours["eval_gflop_s"] / peak,
-            "peak_gflop_s": peak,
-        }
-        if compare and scheme in XT_SCHEMES:
-            theirs = measure("x-transformers", scheme, args, device)
-            row.update({f"xt_{k}": v for k, v in theirs.items()})
-            row["train_speedup"] = ours["train_tok_s"] / theirs["train_tok_s"]
-            row["eval_speedup"] = ours["eval_tok_s"] / theirs["eval_tok_s"]
+        row = scheme_row(scheme, args, device, peak, compare)
         rows.append(row)
         print(format_row(row), flush=True)
+    write_table(rows, args, device, compare)
+    print(f"wrote {args.out}")
 
-    # Provenance on every row: the CSV alone says what ran, where and on which code.
+
+def scheme_row(
+    scheme: str, args: argparse.Namespace, device: torch.device, peak: float, compare: bool
+) -> dict:
+    """One scheme's row: our rates and MFU against ``peak``, and with ``compare`` (where
+    x-transformers has the scheme) its rates and our speedup over them."""
+    ours = measure("pe-bench", scheme, args, device)
+    row = {
+        "scheme": scheme,
+        **{f"ours_{k}": v for k, v in ours.items()},
+        "ours_train_mfu": ours["train_gflop_s"] / peak,
+        "ours_eval_mfu": ours["eval_gflop_s"] / peak,
+        "peak_gflop_s": peak,
+    }
+    if compare and scheme in XT_SCHEMES:
+        theirs = measure("x-transformers", scheme, args, device)
+        row.update({f"xt_{k}": v for k, v in theirs.items()})
+        row["train_speedup"] = ours["train_tok_s"] / theirs["train_tok_s"]
+        row["eval_speedup"] = ours["eval_tok_s"] / theirs["eval_tok_s"]
+    return row
+
+
+def write_table(
+    rows: list[dict], args: argparse.Namespace, device: torch.device, compare: bool
+) -> None:
+    """The rows as a CSV at ``args.out``, with provenance on every row: the CSV alone says
+    what ran, where and on which code."""
     setup = {
         **provenance(device),
         "threads": torch.get_num_threads(),
@@ -267,7 +289,6 @@ def main(argv: list[str] | None = None) -> None:
     }
     table = pd.DataFrame([{**row, **setup} for row in rows])
     atomic_write_text(args.out, table.to_csv(index=False))
-    print(f"wrote {args.out}")
 
 
 def format_row(row: dict) -> str:

@@ -241,10 +241,7 @@ def fit(
     through DistributedDataParallel, and rank 0 alone writes the checkpoint.
     """
     world = world or World()
-    step_model = _step_model(model, cfg, device, world)
-    rows = world.batch_slice(cfg.batch_size)
-    optimizer = make_optimizer(model, cfg)
-    generator = torch.Generator().manual_seed(cfg.seed)
+    training = _Training.start(model, corpus, cfg, device, world)
     result, first_step, elapsed = TrainResult(), 0, 0.0
     state = (
         load_checkpoint(checkpoint, fingerprint, legacy_fingerprint)
@@ -252,53 +249,128 @@ def fit(
         else None
     )
     if state:
-        _restore(state, model, optimizer, generator)
-        result.curve, first_step, elapsed = state["curve"], state["step"], state["elapsed"]
+        result.curve, first_step, elapsed = training.restore(state)
         log.info("%s: resumed at step %d of %d from %s", desc, first_step, cfg.steps, checkpoint)
     start = time.perf_counter()
-    bar = tqdm(
-        range(first_step, cfg.steps),
-        desc=desc,
-        initial=first_step,
-        total=cfg.steps,
-        disable=None if world.main else True,
-        dynamic_ncols=True,
-    )
+    bar = _progress_bar(desc, first_step, cfg.steps, world)
     for step in bar:
-        lr = lr_at(step, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        x, y = corpus.train_batch(cfg.batch_size, cfg.seq_len, generator)
-        x, y = x[rows].to(device, non_blocking=True), y[rows].to(device, non_blocking=True)
-        with autocast(device):
-            loss = step_model(x, y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-
+        loss, lr = training.step(step)
         done = step + 1
-        log_now = done % cfg.log_every == 0 or done == cfg.steps
-        save_now = checkpoint is not None and (
-            done == cfg.steps or (cfg.ckpt_every and done % cfg.ckpt_every == 0)
-        )
+        log_now, save_now = _due(done, cfg, checkpoint is not None)
         if not (log_now or save_now):
             continue
         loss_value = world.mean(loss).item()  # the only host sync in the loop
         if not math.isfinite(loss_value):
             raise Diverged(done, loss_value)
         if log_now:
-            point = _curve_point(model, corpus, cfg, device, done, loss_value, lr)
+            point = training.curve_point(done, loss_value, lr)
             result.curve.append(point)
             bar.set_postfix(loss=f"{loss_value:.3f}")
             if on_log:
                 on_log(point)
         if save_now and world.main:
-            spent = elapsed + time.perf_counter() - start
-            state = _training_state(model, optimizer, generator, done, result.curve, spent)
+            state = training.state(done, result.curve, elapsed + time.perf_counter() - start)
             save_checkpoint(checkpoint, {"fingerprint": fingerprint, **state})
     return _finished(result, cfg, elapsed + time.perf_counter() - start, desc)
+
+
+def _progress_bar(desc: str, first_step: int, steps: int, world: World) -> tqdm:
+    """The steps still to run, as a progress bar on the main process (silent elsewhere)."""
+    return tqdm(
+        range(first_step, steps),
+        desc=desc,
+        initial=first_step,
+        total=steps,
+        disable=None if world.main else True,
+        dynamic_ncols=True,
+    )
+
+
+def _due(done: int, cfg: TrainConfig, checkpointing: bool) -> tuple[bool, bool]:
+    """Whether a curve point, and a checkpoint (when ``checkpointing``), are due after ``done``
+    steps: every ``log_every`` and ``ckpt_every`` steps, and both at the last step."""
+    log_now = done % cfg.log_every == 0 or done == cfg.steps
+    save_now = checkpointing and (
+        done == cfg.steps or bool(cfg.ckpt_every and done % cfg.ckpt_every == 0)
+    )
+    return log_now, save_now
+
+
+@dataclass
+class _Training:
+    """What every step of one ``fit`` uses, built once: the model (and the form the step calls,
+    ``step_model``), its optimizer, the data-order generator, this rank's rows of a batch."""
+
+    model: GPT
+    step_model: nn.Module
+    optimizer: torch.optim.Optimizer
+    generator: torch.Generator
+    rows: slice
+    corpus: Corpus | TaskData
+    cfg: TrainConfig
+    device: torch.device
+
+    @classmethod
+    def start(
+        cls,
+        model: GPT,
+        corpus: Corpus | TaskData,
+        cfg: TrainConfig,
+        device: torch.device,
+        world: World,
+    ) -> _Training:
+        """A fresh start: the data order seeded by ``cfg.seed`` alone, a new AdamW."""
+        step_model = _step_model(model, cfg, device, world)
+        rows = world.batch_slice(cfg.batch_size)
+        optimizer = make_optimizer(model, cfg)
+        generator = torch.Generator().manual_seed(cfg.seed)
+        return cls(model, step_model, optimizer, generator, rows, corpus, cfg, device)
+
+    def step(self, step: int) -> tuple[torch.Tensor, float]:
+        """Optimizer step ``step`` (0-based) on the next batch; its loss, left on the device
+        (reading it is a host sync), and its learning rate."""
+        cfg, device, rows = self.cfg, self.device, self.rows
+        lr = lr_at(step, cfg)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        x, y = self.corpus.train_batch(cfg.batch_size, cfg.seq_len, self.generator)
+        x, y = x[rows].to(device, non_blocking=True), y[rows].to(device, non_blocking=True)
+        with autocast(device):
+            loss = self.step_model(x, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+        self.optimizer.step()
+        return loss, lr
+
+    def curve_point(self, done: int, loss: float, lr: float) -> dict[str, float]:
+        """A training-curve point after ``done`` steps, with the validation loss when due."""
+        point = {"step": done, "loss": loss, "lr": lr}
+        if done == self.cfg.steps or (self.cfg.val_every and done % self.cfg.val_every == 0):
+            point["val_loss"] = validation_loss(self.model, self.corpus, self.cfg, self.device)
+        return point
+
+    def state(self, step: int, curve: list[dict], elapsed: float) -> dict[str, Any]:
+        """Everything a resumed run needs to continue bitwise as if it had not stopped."""
+        return {
+            "step": step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "curve": curve,
+            "elapsed": elapsed,
+        }
+
+    def restore(self, state: dict[str, Any]) -> tuple[list[dict], int, float]:
+        """Put a checkpoint's training state back (``state`` in reverse); returns its curve,
+        step and elapsed seconds."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        return state["curve"], state["step"], state["elapsed"]
 
 
 def _step_model(model: GPT, cfg: TrainConfig, device: torch.device, world: World) -> nn.Module:
@@ -315,55 +387,6 @@ def _step_model(model: GPT, cfg: TrainConfig, device: torch.device, world: World
     if cfg.compile:
         step_model = torch.compile(step_model)
     return step_model
-
-
-def _curve_point(
-    model: GPT,
-    corpus: Corpus | TaskData,
-    cfg: TrainConfig,
-    device: torch.device,
-    done: int,
-    loss: float,
-    lr: float,
-) -> dict[str, float]:
-    """A training-curve point after ``done`` steps, with the validation loss when it is due."""
-    point = {"step": done, "loss": loss, "lr": lr}
-    if done == cfg.steps or (cfg.val_every and done % cfg.val_every == 0):
-        point["val_loss"] = validation_loss(model, corpus, cfg, device)
-    return point
-
-
-def _training_state(
-    model: GPT,
-    optimizer: torch.optim.Optimizer,
-    generator: torch.Generator,
-    step: int,
-    curve: list[dict],
-    elapsed: float,
-) -> dict[str, Any]:
-    """Everything a resumed run needs to continue bitwise as if it had not stopped."""
-    return {
-        "step": step,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "generator": generator.get_state(),
-        "torch_rng": torch.get_rng_state(),
-        "curve": curve,
-        "elapsed": elapsed,
-    }
-
-
-def _restore(
-    state: dict[str, Any],
-    model: GPT,
-    optimizer: torch.optim.Optimizer,
-    generator: torch.Generator,
-) -> None:
-    """Put a checkpoint's training state back (``_training_state`` in reverse)."""
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    generator.set_state(state["generator"])
-    torch.set_rng_state(state["torch_rng"])
 
 
 def _finished(result: TrainResult, cfg: TrainConfig, time_s: float, desc: str) -> TrainResult:

@@ -1,0 +1,422 @@
+"""The conformance checks, one function per contract (``kit``'s docstring says what each
+verifies; ``kit.CHECKS`` runs them in order). A check returns a one-line summary when the
+scheme passes, raises ``Failed`` saying what is wrong, or ``Skipped`` when it does not apply."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor
+
+from pe_bench.conformance.harness import (
+    Failed,
+    Setup,
+    Skipped,
+    allowed_entries,
+    forward,
+    max_diff,
+    perturbed,
+    qk,
+    scheme_under_test,
+    tolerance,
+    with_perturbed_scheme,
+)
+from pe_bench.errors import UserError
+from pe_bench.model.attention import attention_logits, causal_allowed
+from pe_bench.positions import PositionScheme
+
+SHIFTS = (1, 37, 1000)  # position shifts of the relative check
+
+
+def check_build(setup: Setup) -> str:
+    scheme = setup.scheme()
+    n = sum(p.numel() for p in scheme.parameters())
+    return f"{type(scheme).__module__}.{type(scheme).__qualname__}, {n:,} parameters"
+
+
+def check_causality(setup: Setup) -> str:
+    model = with_perturbed_scheme(setup.model())
+    s = setup.long
+    x = torch.randint(0, setup.model_cfg.vocab_size, (2, s), generator=torch.Generator())
+    for mode in ("train", "eval"):
+        model.train(mode == "train")
+        for t in sorted({s // 3, s - 1}):
+            changed = x.clone()
+            changed[:, t] = (changed[:, t] + 1) % setup.model_cfg.vocab_size
+            before, after = forward(model, x), forward(model, changed)
+            if t and max_diff(before[:, :t], after[:, :t]) > tolerance(before, 1e-5):
+                diff = (before[:, :t] - after[:, :t]).abs().amax(dim=(0, 2))
+                raise Failed(
+                    f"changing token {t} of {s} changed the output at earlier position "
+                    f"{int(diff.argmax())} by {diff.max().item():.3g} ({mode} mode): the scheme "
+                    "leaks future tokens (look for sums, means or flips over the sequence in "
+                    "embed, transform_qk or score_bias)"
+                )
+            if max_diff(before[:, t], after[:, t]) == 0:
+                raise Failed(f"changing token {t} did not change its own output ({mode} mode)")
+    return f"no token changes an earlier output (length {s}, train and eval mode)"
+
+
+def devices() -> list[torch.device]:
+    found = [torch.device("cpu")]
+    if torch.cuda.is_available():
+        found.append(torch.device("cuda"))
+    return found
+
+
+def check_hook_outputs(setup: Setup, device: torch.device, dtype: torch.dtype) -> None:
+    """Every hook returns what the model expects, on ``device`` in ``dtype``; the logits from
+    ``dtype`` inputs agree with float32 ones at positions past 1000 (where bfloat16 cannot
+    even represent every integer position)."""
+    scheme = perturbed(setup.scheme()).to(device).eval()
+    d, s = setup.dims, setup.long
+    where = f"{device.type}/{str(dtype).removeprefix('torch.')}"
+    pos = scheme.positions(s, device)
+    if pos.shape != (s,) or pos.dtype.is_floating_point or pos.device.type != device.type:
+        raise Failed(
+            f"positions({s}) gave {pos.dtype} {tuple(pos.shape)} on {pos.device}, "
+            f"expected integers ({s},) on {device.type}"
+        )
+    x = torch.randn(2, s, d.d_model, device=device, dtype=dtype)
+    q, k = qk(setup, s, s, device=device, dtype=dtype)
+    tq, tk = scheme.transform_qk(q, k, pos, pos, 0)
+    for hook, out, expected in (("embed", scheme.embed(x, pos), x), ("transform_qk", tq, q)):
+        if out.shape != expected.shape or out.dtype != dtype or out.device.type != device.type:
+            raise Failed(
+                f"{where}: {hook} gave {out.dtype} {tuple(out.shape)} on {out.device}, "
+                f"expected {dtype} {tuple(expected.shape)} on {device.type}"
+            )
+    bias = scheme.score_bias(tq, tk, pos, pos, 0)
+    if bias is not None:
+        try:
+            torch.broadcast_shapes(bias.shape, (2, d.num_heads, s, s))
+        except RuntimeError:
+            raise Failed(
+                f"{where}: score_bias gave shape {tuple(bias.shape)}, not broadcastable to "
+                f"[b, n_h, s_q, s_k] = {(2, d.num_heads, s, s)}"
+            ) from None
+        if not bias.dtype.is_floating_point or bias.device.type != device.type:
+            raise Failed(f"{where}: score_bias gave {bias.dtype} on {bias.device}")
+        if not torch.isfinite(allowed_entries(bias.expand(2, d.num_heads, s, s), s, s)).all():
+            raise Failed(f"{where}: score_bias is not finite on unmasked entries")
+    limit = scheme.max_positions
+    far = pos + (1000 if limit is None or s + 1000 <= limit else 0)
+    got = allowed_entries(attention_logits(scheme, q, k, far, far), s, s)
+    expected = allowed_entries(attention_logits(scheme, q.float(), k.float(), far, far), s, s)
+    if max_diff(got, expected) > tolerance(expected, 0.03):
+        raise Failed(
+            f"{where}: logits at positions {int(far[0])}..{int(far[-1])} differ from float32 "
+            f"ones by {max_diff(got, expected):.3g}: compute positions and angles in float32 "
+            "whatever the input dtype"
+        )
+
+
+def check_devices_dtypes(setup: Setup) -> str:
+    s = setup.long
+    x = torch.randint(0, setup.model_cfg.vocab_size, (2, s), generator=torch.Generator())
+    reference = with_perturbed_scheme(setup.model()).eval()
+    expected = forward(reference, x).float().log_softmax(-1)
+    seen = []
+    for device in devices():
+        for dtype in (torch.float32, torch.bfloat16):
+            check_hook_outputs(setup, device, dtype)
+            model = copy.deepcopy(reference).to(device, dtype)
+            logits = forward(model, x.to(device))
+            gap = max_diff(logits.float().log_softmax(-1).cpu(), expected)
+            where = f"{device.type}/{str(dtype).removeprefix('torch.')}"
+            if logits.dtype != dtype or not torch.isfinite(logits).all() or gap > 0.1:
+                raise Failed(
+                    f"{where}: the model cast to {dtype} gives {logits.dtype} logits whose "
+                    f"log-probabilities differ from float32 ones by {gap:.3g}"
+                )
+            seen.append(where)
+    cuda = "" if torch.cuda.is_available() else " (no cuda device here)"
+    return f"hooks keep shape, dtype and device, and agree with float32: {', '.join(seen)}{cuda}"
+
+
+def check_query_chunks(setup: Setup) -> str:
+    scheme, s, pos = scheme_under_test(setup)
+    s_q = max(1, s // 3)
+    q, k = qk(setup, s, s)
+    for layer in range(setup.dims.num_layers):
+        full = attention_logits(scheme, q, k, pos, pos, layer)[..., -s_q:, :]
+        chunk = attention_logits(scheme, q[..., -s_q:, :], k, pos[-s_q:], pos, layer)
+        full, chunk = allowed_entries(full, s_q, s), allowed_entries(chunk, s_q, s)
+        if max_diff(full, chunk) > tolerance(full, 1e-5):
+            raise Failed(
+                f"the last {s_q} of {s} queries passed alone get logits that differ from the "
+                f"same rows of the full matrix by {max_diff(full, chunk):.3g} (layer {layer}): "
+                "with s_q < s_k the queries are the last s_q keys"
+            )
+    return f"the last {s_q} of {s} queries alone get the same logits as in the full matrix"
+
+
+def check_lengths(setup: Setup) -> str:
+    model = setup.model().eval()
+    limit = model.pe.max_positions
+    longest = 4 * setup.train_len if limit is None else min(4 * setup.train_len, limit)
+    for s in sorted({1, longest}):
+        try:
+            model.pe.check_length(s)
+            logits = forward(model, torch.zeros(1, s, dtype=torch.long))
+        except Exception as err:
+            raise Failed(
+                f"length {s} (max_positions={limit}) raised {type(err).__name__}: {err}; declare "
+                "max_positions to refuse longer sequences with a clear error"
+            ) from None
+        if not torch.isfinite(logits).all():
+            raise Failed(f"length {s} gives non-finite outputs")
+    if limit is None:
+        return f"lengths 1 and {longest} (4 x L_train) give finite outputs; no declared limit"
+    try:
+        model.pe.check_length(limit + 1)
+    except UserError as err:
+        message = str(err)
+    except Exception as err:
+        raise Failed(
+            f"check_length({limit + 1}) (past max_positions={limit}) raised "
+            f"{type(err).__name__}, not a UserError: {err}"
+        ) from None
+    else:
+        raise Failed(f"max_positions={limit} but check_length({limit + 1}) does not raise")
+    return f"lengths 1 and {longest} give finite outputs; length {limit + 1}: UserError {message!r}"
+
+
+def check_determinism(setup: Setup) -> str:
+    a, b = setup.scheme().state_dict(), setup.scheme().state_dict()
+    for key in a:
+        if not torch.equal(a[key], b[key]):
+            raise Failed(
+                f"two builds under the same seed differ in {key!r}: initialise parameters in "
+                "__init__ from torch's generator"
+            )
+    model = with_perturbed_scheme(setup.model())
+    x = torch.randint(0, setup.model_cfg.vocab_size, (2, setup.long), generator=torch.Generator())
+    for mode in ("eval", "train"):
+        model.train(mode == "train")
+        first, second = forward(model, x), forward(model, x)
+        if not torch.equal(first, second):
+            raise Failed(
+                f"two forward passes on the same input differ by {max_diff(first, second):.3g} "
+                f"({mode} mode, same seed)"
+            )
+    return "the same seed builds the same parameters; repeated passes are identical"
+
+
+def check_gradients(setup: Setup) -> str:
+    model = setup.model().train()
+    params = {n: p for n, p in model.pe.named_parameters() if p.requires_grad}
+    if not params:
+        raise Skipped("no trainable parameters")
+    x = torch.randint(0, setup.model_cfg.vocab_size, (4, setup.train_len + 1))
+    torch.manual_seed(0)
+    model(x[:, :-1], x[:, 1:]).backward()
+    for name, p in params.items():
+        if p.grad is None:
+            raise Failed(f"parameter {name!r} gets no gradient: no hook uses it")
+        if not torch.isfinite(p.grad).all():
+            raise Failed(f"parameter {name!r} gets a non-finite gradient")
+        if not p.grad.any():
+            raise Failed(f"parameter {name!r} gets an all-zero gradient")
+    n = sum(p.numel() for p in params.values())
+    return f"all {len(params)} parameter tensors ({n:,} values) get finite, non-zero gradients"
+
+
+def declared_by(cls: type, attribute: str) -> type:
+    """The class in ``cls``'s MRO whose body sets ``attribute``."""
+    return next(c for c in cls.__mro__ if attribute in vars(c))
+
+
+def check_relative(setup: Setup) -> str:
+    scheme, s, pos = scheme_under_test(setup)
+    if not scheme.relative:
+        raise Skipped("not declared relative")
+    owner = declared_by(type(scheme), "relative")
+    declared = (
+        "declares relative = True"
+        if owner is type(scheme)
+        else f"inherits relative = True from {owner.__qualname__}"
+    )
+    q, k = qk(setup, s, s)
+    limit = scheme.max_positions
+    shifts = [n for n in SHIFTS if limit is None or s + n <= limit]
+    moves = [n for n in (1, s // 3) if 0 < n < s]
+    for layer in range(setup.dims.num_layers):
+        base = allowed_entries(attention_logits(scheme, q, k, pos, pos, layer), s, s)
+        for shift in shifts:
+            moved = attention_logits(scheme, q, k, pos + shift, pos + shift, layer)
+            moved = allowed_entries(moved, s, s)
+            if max_diff(base, moved) > tolerance(base, 2e-4):
+                raise Failed(
+                    f"{declared}, but its logits change by {max_diff(base, moved):.3g} when "
+                    f"every position shifts by {shift} (layer {layer}): they depend on absolute "
+                    "positions; set relative = False"
+                )
+        for move in moves:
+            first, later = moved_logits(scheme, setup, q, k, move, layer)
+            first, later = (allowed_entries(x, s - move, s - move) for x in (first, later))
+            if max_diff(first, later) > tolerance(first, 2e-4):
+                raise Failed(
+                    f"{declared}, but the logits of the same tokens change by "
+                    f"{max_diff(first, later):.3g} when they sit {move} places later in a window "
+                    f"of {s} (layer {layer}): they depend on a token's index in the window (e.g. "
+                    "SSMax's ln n); set relative = False"
+                )
+    return (
+        f"logits unchanged when every position shifts by {', '.join(map(str, shifts))} and when "
+        f"the tokens move {' or '.join(map(str, moves))} places later in the window"
+    )
+
+
+def moved_logits(
+    scheme: PositionScheme, setup: Setup, q: Tensor, k: Tensor, move: int, layer: int
+) -> tuple[Tensor, Tensor]:
+    """Logits of the first ``s - move`` of ``q`` and ``k`` (the first ``s - move`` rows and
+    columns), and of the same queries and keys moved ``move`` places later in a window of the
+    same length, at consecutive positions from 0."""
+    s = q.shape[-2]
+    front_q, front_k = qk(setup, move, move, seed=1)
+    later_q = torch.cat([front_q, q[..., : s - move, :]], -2)
+    later_k = torch.cat([front_k, k[..., : s - move, :]], -2)
+    pos = torch.arange(s)
+    first = attention_logits(scheme, q, k, pos, pos, layer)[..., : s - move, : s - move]
+    later = attention_logits(scheme, later_q, later_k, pos, pos, layer)[..., move:, move:]
+    return first, later
+
+
+def check_logit_hooks(setup: Setup) -> str:
+    scheme, s, pos = scheme_under_test(setup)
+    cls, d = type(scheme), setup.dims
+    scaled = cls.logit_scale is not PositionScheme.logit_scale
+    if not (scaled or scheme.has_logits_hook or scheme.scales_bias):
+        raise Skipped("no logit_scale, modify_logits or attention_weights")
+    done = []
+    if scaled:
+        for layer in range(d.num_layers):
+            scale = scheme.logit_scale(pos, pos, layer)
+            if scale is not None and scale.shape not in ((s,), (d.num_heads, s)):
+                raise Failed(
+                    f"logit_scale gave shape {tuple(scale.shape)} (layer {layer}), expected "
+                    f"[s_q] = ({s},) or [n_h, s_q] = ({d.num_heads}, {s})"
+                )
+            if scale is not None and not torch.isfinite(scale).all():
+                raise Failed(f"logit_scale is not finite (layer {layer})")
+        done.append("logit_scale has shape [s_q] or [n_h, s_q]")
+    if scheme.scales_bias:
+        if not (scaled and scheme.has_score_bias and not scheme.content_bias):
+            raise Failed(
+                "declares scales_bias = True, which needs a logit_scale and a content-free "
+                "score_bias to scale"
+            )
+        done.append("scales_bias has a bias and a scale")
+    if cls.attention_weights is not PositionScheme.attention_weights:
+        allowed = causal_allowed(s, s, torch.device("cpu"))
+        weights = scheme.attention_weights(
+            attention_logits(scheme, *qk(setup, s, s), pos, pos), allowed
+        )
+        if weights.shape != (2, d.num_heads, s, s) or not torch.isfinite(weights).all():
+            raise Failed(f"attention_weights gave {tuple(weights.shape)}, or non-finite weights")
+        if (weights < 0).any() or (weights.sum(-1) > 1 + 1e-5).any():
+            raise Failed("attention_weights gives negative weights or rows summing past 1")
+        if weights[..., ~allowed].abs().max() > 0:
+            raise Failed("attention_weights puts weight on future keys: it must be 0 there")
+        done.append("attention_weights is causal, non-negative and sums to at most 1")
+    if cls.modify_logits is not PositionScheme.modify_logits:
+        done.append("modify_logits is checked by query_chunks, relative and causality")
+    return "; ".join(done)
+
+
+def check_content_bias(setup: Setup) -> str:
+    scheme, s, pos = scheme_under_test(setup)
+    if not scheme.has_score_bias:
+        raise Skipped("no score_bias")
+    if scheme.content_bias:
+        return "declared content-dependent (content_bias = True): never cached"
+    biases = []
+    for seed in (0, 1):
+        q, k = scheme.transform_qk(*qk(setup, s, s, seed=seed), pos, pos, 0)
+        biases.append(scheme.score_bias(q, k, pos, pos, 0))
+    a, b = (allowed_entries(x, s, s) for x in biases)
+    if max_diff(a, b) > 0:
+        raise Failed(
+            f"declares content_bias = False but score_bias changes by {max_diff(a, b):.3g} with "
+            "the contents of q and k: set content_bias = True"
+        )
+    if biases[0].dim() == 4 and biases[0].shape[0] != 1:
+        raise Failed(
+            f"declares content_bias = False but score_bias has a batch dimension "
+            f"{tuple(biases[0].shape)}: return [n_h, s_q, s_k], or set content_bias = True"
+        )
+    return "content-free bias (the same for any q and k): a fast path may cache it"
+
+
+def check_shared_bias(setup: Setup) -> str:
+    scheme, s, pos = scheme_under_test(setup)
+    if not scheme.shared_bias:
+        raise Skipped("shared_bias = False: a bias per layer")
+    if scheme.content_bias or not scheme.has_score_bias:
+        raise Failed("declares shared_bias = True, which needs a content-free score_bias")
+    q, k = scheme.transform_qk(*qk(setup, s, s), pos, pos, 0)
+    first = allowed_entries(scheme.score_bias(q, k, pos, pos, 0), s, s)
+    for layer in range(1, setup.dims.num_layers):
+        other = allowed_entries(scheme.score_bias(q, k, pos, pos, layer), s, s)
+        if max_diff(first, other) > 0:
+            raise Failed(
+                f"declares shared_bias = True but score_bias differs by "
+                f"{max_diff(first, other):.3g} between layers 0 and {layer}: the model would "
+                "reuse layer 0's bias in every layer; set shared_bias = False"
+            )
+    return "the same score_bias in every layer: the model builds it once per forward pass"
+
+
+def check_score_mod(setup: Setup) -> str:
+    scheme, s, pos = scheme_under_test(setup)
+    if scheme.score_mod(pos, pos, 0) is None:
+        raise Skipped("no score_mod (model.attention=flex uses the bias path)")
+    h = torch.arange(setup.dims.num_heads).view(-1, 1, 1)
+    q_idx, kv_idx = torch.arange(s).view(1, -1, 1), torch.arange(s).view(1, 1, -1)
+    for offset in (0, 37):
+        shifted = pos + offset
+        q, k = scheme.transform_qk(*qk(setup, s, s), shifted, shifted, 0)
+        for layer in range(setup.dims.num_layers):
+            mod = scheme.score_mod(shifted, shifted, layer)
+            as_mod = mod(torch.zeros(()), torch.zeros((), dtype=torch.long), h, q_idx, kv_idx)
+            bias = scheme.logit_bias(q, k, shifted, shifted, layer)
+            as_mod, bias = (allowed_entries(x, s, s) for x in (as_mod, bias))
+            if max_diff(as_mod, bias) > tolerance(bias, 1e-5):
+                default = type(scheme).score_mod is PositionScheme.score_mod
+                why = (
+                    "; the default score_mod tabulates the bias by distance, right only for a "
+                    "truly relative bias (see the relative check)"
+                    if default
+                    else ""
+                )
+                raise Failed(
+                    f"score_mod and score_bias differ by {max_diff(as_mod, bias):.3g} (layer "
+                    f"{layer}, positions from {offset}): model.attention=flex would compute "
+                    f"other logits{why}"
+                )
+    return "score_mod adds score_bias on every unmasked entry (model.attention=flex)"
+
+
+def check_reference(setup: Setup) -> str:
+    scheme, s, pos = scheme_under_test(setup)
+    if getattr(scheme, "score_bias_reference", None) is None:
+        raise Skipped("no score_bias_reference")
+    for s_q, offset in ((s, 0), (s, 37), (max(1, s // 3), 0)):
+        q, k = qk(setup, s_q, s)
+        k_pos = pos + offset
+        q_pos = k_pos[-s_q:]
+        q, k = scheme.transform_qk(q, k, q_pos, k_pos, 0)
+        for layer in range(setup.dims.num_layers):
+            fast = scheme.score_bias(q, k, q_pos, k_pos, layer)
+            reference = scheme.score_bias_reference(q, k, q_pos, k_pos, layer)
+            fast, reference = (allowed_entries(x, s_q, s) for x in (fast, reference))
+            if max_diff(fast, reference) > tolerance(reference, 1e-4):
+                raise Failed(
+                    f"score_bias and score_bias_reference differ by "
+                    f"{max_diff(fast, reference):.3g} (layer {layer}, s_q={s_q}, s_k={s}, "
+                    f"positions from {offset})"
+                )
+    return "score_bias equals score_bias_reference (s_q = s_k, s_q < s_k, shifted positions)"

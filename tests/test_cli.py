@@ -16,6 +16,7 @@ import torch
 from pe_bench import cli
 from pe_bench.errors import UserError
 from pe_bench.records import load_records
+from pe_bench.run.checks import check_command
 from pe_bench.run.config import TOP_KEYS
 
 from .helpers import CLASSIC, TINY, assert_regenerates, pe_bench
@@ -204,6 +205,77 @@ def test_bad_input_is_one_clear_line(tmp_path, args, message):
     assert len(lines) == 1 and lines[0].startswith("pe-bench: error: "), proc.stderr
     assert message in lines[0]
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*.pt"))
+
+
+# Issue 30: the values the reliability round made one line for single runs, in a sweep: the
+# command-line check plans every job first, so one line, exit 2, no job folder.
+SWEEP_BAD_INPUT = [
+    (["model.num_heads=3"], "model.num_heads (3) must divide model.d_model"),
+    (["data=text", "data.path=/nonexistent/corpus"], "data.path='/nonexistent/corpus' does not"),
+    (["eval.lengths=[0]"], "eval.lengths[0] must be >= 1, got 0"),
+    (["train.lr=abc"], "train.lr='abc' must be a number"),
+    (["train.min_lr_ratio=-5"], "train.min_lr_ratio must be >= 0 and <= 1, got -5.0"),
+    (["data=text"], "data=text needs data.path=<file or folder>"),
+    (["model.vocab_size=10"], "model.vocab_size=10 is smaller than the corpus's 256 byte"),
+    (["pe.base=abc"], "pe.base"),
+    (["train.beta2=1.5"], "train.beta2 must be >= 0 and < 1, got 1.5"),
+    (["eval.variants.pi.factor=abc"], "eval.variants.pi.factor='abc' must be a number"),
+    (["pe=learned", "pe.max_positions=8"], "max_positions=8 is below the training length"),
+    (["+train.stesp=3"], "unknown key train.stesp"),
+    (["logger=wandb", "logger.mode=offlne"], "logger.mode='offlne' must be one of offline,"),
+]
+SWEEPS = {"experiment": ["experiment=smoke"], "command line": ["-m", "pe=rope,alibi"]}
+
+
+@pytest.mark.parametrize("sweep", SWEEPS)
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(*case, marks=[pytest.mark.slow] if i >= 2 else [])
+        for i, case in enumerate(SWEEP_BAD_INPUT)
+    ],
+)
+def test_a_bad_value_in_a_sweep_is_refused_before_any_job(tmp_path, sweep, args, message):
+    with pytest.raises(UserError, match=re.escape(message)) as caught:
+        check_command([*SWEEPS[sweep], *args, f"out_root={tmp_path / 'out'}"])
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_names_the_job_with_the_bad_value(tmp_path):
+    """The first job is fine, the second is not: every job is planned, and the one refused is
+    named with its overrides."""
+    message = "train.lr must be > 0, got 0.0 (in the sweep's job pe=rope train.lr=0 "
+    with pytest.raises(UserError, match=re.escape(message)):
+        check_command(["-m", "pe=rope", "train.lr=1e-3,0", f"out_root={tmp_path / 'out'}"])
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("sweep", "args", "message"),
+    [("experiment", *SWEEP_BAD_INPUT[0]), ("command line", *SWEEP_BAD_INPUT[3])],
+)
+def test_a_bad_value_in_a_sweep_is_one_line_and_exit_2(tmp_path, sweep, args, message):
+    flags = [a for a in SWEEPS[sweep] if a.startswith("-")]
+    rest = [a for a in SWEEPS[sweep] if not a.startswith("-")]
+    proc = pe_bench(*flags, *rest, *args, out=tmp_path / "out")
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0].startswith("pe-bench: error: ") and message in lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_corrected_sweep_reports_no_stale_failure(tmp_path):
+    """A job folder an earlier sweep left failed, which this sweep does not run again, is not
+    named as failed by this sweep (nor does it fail it)."""
+    stale = tmp_path / "fix" / "pe=rope,train.lr=0.5"
+    stale.mkdir(parents=True)
+    (stale / "error.txt").write_text("an earlier sweep's failure\n")
+    proc = pe_bench("-m", "pe=rope,alibi", "name=fix", *TINY, out=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "failed:" not in proc.stdout + proc.stderr
 
 
 @pytest.mark.slow

@@ -11,15 +11,18 @@ import tempfile
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra._internal.utils import get_args_parser
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pe_bench.errors import UserError
-from pe_bench.run.config import CONF_DIR, check_top_keys
+from pe_bench.run.config import CONF_DIR, RunConfig, check_top_keys
+from pe_bench.run.plan import plan
 
 
 def os_message(err: OSError) -> str:
@@ -59,7 +62,40 @@ def check_command(argv: list[str]) -> None:
                 swapped = [*base[:i], f"{override.get_key_element()}={value}", *base[i + 1 :]]
                 _composed([line for line in swapped if line is not None], overrides)
     if not args.cfg:
+        multirun = args.multirun or cfg.hydra.mode == RunMode.MULTIRUN
+        check_jobs(job_overrides(cfg, args.overrides) if multirun else None, cfg, overrides)
         _check_writable(str(cfg.out_root))
+
+
+def job_overrides(cfg: DictConfig, command: list[str]) -> list[list[str]] | None:
+    """Each job's overrides, as Hydra's basic sweeper lists them (the experiment's
+    ``hydra.sweeper.params``, then the command line's); None when a sweep cannot be listed
+    without the sweeper (``glob``, a float range): Hydra checks those jobs itself."""
+    params = [f"{k}={v}" for k, v in (cfg.hydra.sweeper.get("params") or {}).items()]
+    try:
+        parsed = OverridesParser.create().parse_overrides([*params, *command])
+        batches = BasicSweeper.split_arguments(parsed, None)
+    except HydraException:
+        return None
+    return [job for batch in batches for job in batch]
+
+
+def check_jobs(jobs: list[list[str]] | None, cfg: DictConfig, overrides: list[Override]) -> None:
+    """Plan every job as its run will (typed configs, scheme and variants built, lengths and
+    memory checked; no model is built and no data read, well under a second a job), so that
+    a bad value in any job of a sweep is refused in one line naming the job, before any job
+    starts or any folder is made. ``jobs`` None: the one job ``cfg`` is."""
+    for job in jobs or [None]:
+        composed = cfg if job is None else _composed(job, overrides)
+        try:
+            run_cfg = RunConfig.parse(composed)
+            if not run_cfg.pretrained:  # a pretrained model's plan reads its config.json
+                plan(run_cfg)
+        except UserError as err:
+            where = (
+                "" if job is None or len(jobs) == 1 else f" (in the sweep's job {' '.join(job)})"
+            )
+            raise UserError(f"{err}{where}") from err
 
 
 def _first(override: Override) -> str | None:

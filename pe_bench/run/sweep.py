@@ -118,7 +118,9 @@ class SweepCallback(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        failed = sorted(sweep_dir.rglob(FAILED))
+        # this sweep's failures: a job folder of an earlier sweep into the same folder may hold
+        # one that no job of this sweep ran again (a job that runs removes its own first)
+        failed = [p for p in sorted(sweep_dir.rglob(FAILED)) if p.stat().st_mtime >= self.started]
         reported = True
         if config.get("report", True) and rank_from_env() == 0:
             reported = write_report(sweep_dir, config)

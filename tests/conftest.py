@@ -3,6 +3,7 @@ experiment. Helpers that are not fixtures live in ``tests/helpers.py``."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,15 @@ from omegaconf import DictConfig
 from pe_bench.positions import ModelDims
 
 from .helpers import TINY, compose, pe_bench
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``-n 2``) each worker and the processes its tests start use one
+    thread: two processes of two threads each on two cores run 3-5x slower (MKL and OpenMP
+    spin), one thread each runs both at full speed."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True)

@@ -210,6 +210,7 @@ def test_no_score_mod_without_a_content_free_relative_bias(name):
     assert pe.score_mod(torch.arange(8), torch.arange(8), 0) is None
 
 
+@pytest.mark.slow  # 29 s on 2 cores: FlexAttention compiles its kernels on the CPU
 def test_auto_attention_evaluates_long_windows_through_flex(monkeypatch):
     """model.attention=auto: compiled FlexAttention for evaluation windows too large to share
     a mask (the budget lowered so that 150 tokens count as long), the same outputs as SDPA;

@@ -37,7 +37,11 @@ def test_every_pe_yaml_names_its_registered_scheme(scheme):
     scheme_class(cfg.pe.name)
 
 
-@pytest.mark.parametrize("experiment", EXPERIMENTS)
+@pytest.mark.parametrize(
+    "experiment",
+    # the zoo plans 38 schemes (5 s on 2 cores): in the full suite only
+    [pytest.param(e, marks=[pytest.mark.slow] if e == "zoo" else []) for e in EXPERIMENTS],
+)
 def test_every_experiment_composes_and_builds(experiment):
     """Every job of the experiment's sweep passes ``plan``: scheme built, eval lengths and
     fine-tunes served, data config valid (remote datasets are not downloaded). The plan builds

@@ -174,14 +174,10 @@ class RunContext:
 
     def fit_args(self, run_id: str, finetune: str | None = None) -> dict[str, Any]:
         """``fit``'s checkpointing and process arguments for a run id (or a fine-tune's)."""
-        byte = self.tokenizer.name == BYTE
-        tokens = "" if byte else f"-{self.tokenizer.fingerprint}"
+        tokens = "" if self.tokenizer.name == BYTE else f"-{self.tokenizer.fingerprint}"
         return {
             "checkpoint": self.store.checkpoint(finetune),
             "fingerprint": f"{run_id}-{self.corpus.sha}-{self.job.pe_source}{tokens}",
-            # saved before fingerprints carried the source hash (bytes only, then): kept, as
-            # the records of then are (``RunStore``)
-            "legacy_fingerprint": f"{run_id}-{self.corpus.sha}" if byte else "",
             "world": self.world,
             "resume": not self.job.cfg.force,
         }
@@ -214,6 +210,7 @@ def _context(job: Plan, out_dir: Path, world: World, device: torch.device) -> Ru
         probes=probes.probe_hashes(job.cfg.eval),
         pe_source=job.pe_source,
         tokenizer_sha=_tokenizer(corpus).fingerprint,
+        variant_sources={task.variant: task.variant_source for task in job.tasks},
     )
     return RunContext(job, corpus, stream, scorer, store, world, device, target_bytes)
 

@@ -35,7 +35,6 @@ per byte divide by the summed UTF-8 bytes of exactly the scored targets (``targe
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -49,10 +48,8 @@ from torch import Tensor, nn
 from pe_bench.config import config_hash, from_node, to_dict
 from pe_bench.data.corpus import check_config, load_corpus
 from pe_bench.errors import UserError
-from pe_bench.positions import (
-    rotary,
-)
 from pe_bench.pretrained import passkey
+from pe_bench.pretrained.key import pretrained_key, variant_key
 from pe_bench.pretrained.load import (
     HFConfig,
     LogitsOnly,
@@ -129,12 +126,9 @@ def parse(cfg: DictConfig) -> HFRun:
 
 
 def code_hash() -> str:
-    """A hash of the code that computes a pretrained model's numbers (this module, the
-    passkey test and the rotary schemes): records made by other code are recomputed."""
-    digest = hashlib.sha256()
-    for path in (__file__, passkey.__file__, rotary.__file__):
-        digest.update(Path(path).read_bytes())
-    return digest.hexdigest()[:12]
+    """The key of the code that computes a pretrained model's numbers
+    (``pretrained.key.pretrained_key``): records made by other code are recomputed."""
+    return pretrained_key()
 
 
 def run(cfg: DictConfig, out_dir: Path) -> list[dict[str, Any]]:
@@ -149,8 +143,9 @@ def run(cfg: DictConfig, out_dir: Path) -> list[dict[str, Any]]:
     train_len = spec.dims.train_len
     lengths = job.eval.eval_lengths(train_len)
     n_targets = job.eval.n_targets(lengths)
-    schemes = [("none", "", None)] + [
-        (v.key, config_hash(job.eval.variants[v.key]), v.scheme) for v in variants
+    schemes = [("none", "", None, "")] + [
+        (v.key, config_hash(job.eval.variants[v.key]), v.scheme, variant_key(v, spec.dims))
+        for v in variants
     ]
     tasks = eval_tasks(schemes, lengths, job.eval, train_len)
     by_key = {v.key: v for v in variants}
@@ -167,10 +162,11 @@ def run(cfg: DictConfig, out_dir: Path) -> list[dict[str, Any]]:
             [job.run_id(k) for k in slices],
             corpus.sha,
             job.force,
-            variants={key: digest for key, digest, _ in schemes},
+            variants={key: digest for key, digest, _, _ in schemes},
             probes={PASSKEY_MODE: passkey.settings_hash(pk_cfg)} if pk_cfg else {},
             pe_source=code_hash(),
             tokenizer_sha=token_fields["tokenizer_sha"],
+            variant_sources={key: source for key, _, _, source in schemes},
         )
         todo = {k: store.missing(job.run_id(k), tasks, n_targets) for k in slices}
         pk_todo = store.missing(job.run_id(0), pk_tasks, pk_cfg.trials) if pk_cfg else []

@@ -94,13 +94,12 @@ def settings_hash(cfg: PasskeyConfig) -> str:
     return config_hash({**settings, "version": VERSION})
 
 
-def tasks(
-    cfg: PasskeyConfig, schemes: list[tuple[str, str, Any]], train_len: int
-) -> list[EvalTask]:
-    """One task per (variant, target length); ``stride`` is the length (one prompt each)."""
+def tasks(cfg: PasskeyConfig, schemes: list[tuple[Any, ...]], train_len: int) -> list[EvalTask]:
+    """One task per (variant, target length) of ``schemes`` (as ``eval_tasks`` takes them);
+    ``stride`` is the length (one prompt each)."""
     return [
-        EvalTask(variant, digest, scheme, length, PASSKEY_MODE, length)
-        for variant, digest, scheme in schemes
+        EvalTask(variant, digest, scheme, length, PASSKEY_MODE, length, *source)
+        for variant, digest, scheme, *source in schemes
         for length in cfg.prompt_lengths(train_len)
     ]
 

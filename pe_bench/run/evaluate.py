@@ -230,30 +230,35 @@ class EvalTask:
     eval_len: int
     mode: str
     stride: int
+    # the key of the variant's code (``positions.scheme_key``; "" for none): a record of
+    # other code is stale (``RunStore``); not part of the record's key
+    variant_source: str = ""
 
     def key(self, tokens: int) -> tuple:
         """The record key's values (``RECORD_KEY``) for ``tokens`` scored targets."""
         return (self.variant, self.variant_hash, self.eval_len, self.mode, self.stride, tokens)
 
     def fields(self, tokens: int) -> dict[str, Any]:
-        return dict(zip(RECORD_KEY, self.key(tokens), strict=True))
+        """The record key's fields, and a variant's ``variant_source``."""
+        key = dict(zip(RECORD_KEY, self.key(tokens), strict=True))
+        return key | ({"variant_source": self.variant_source} if self.variant_source else {})
 
 
 def eval_tasks(
-    schemes: Iterable[tuple[str, str, PositionScheme | None]],
+    schemes: Iterable[tuple[Any, ...]],
     lengths: list[int],
     cfg: EvalConfig,
     train_len: int,
     modes: list[str] | None = None,
 ) -> list[EvalTask]:
-    """Every (variant, length, mode) of ``schemes`` (variant key, variant hash, scheme), in
-    ``modes`` (default ``cfg.modes``)."""
+    """Every (variant, length, mode) of ``schemes`` (variant key, variant hash, scheme and,
+    for a variant, the key of its code), in ``modes`` (default ``cfg.modes``)."""
     tasks = []
-    for variant, variant_hash, scheme in schemes:
+    for variant, variant_hash, scheme, *source in schemes:
         for length in lengths:
             for mode in modes or cfg.modes:
                 stride = cfg.stride_for(mode, length, train_len)
-                tasks.append(EvalTask(variant, variant_hash, scheme, length, mode, stride))
+                tasks.append(EvalTask(variant, variant_hash, scheme, length, mode, stride, *source))
     return tasks
 
 

@@ -155,12 +155,12 @@ class ScaledRoPE(RoPE):
 
 @pytest.mark.slow
 def test_editing_a_plugin_recomputes_its_records(tmp_path):
-    """Records carry the hash of the scheme's source: after a plugin's code changes, a rerun
+    """Records carry the key of the scheme's code: after a plugin's formula changes, a rerun
     retrains and recomputes instead of saying its records are all there (issue 17: p_rope
     turned into plain rope was 'skipped')."""
     (tmp_path / "scaled_rope.py").write_text(PLUGIN.format(scale=0.5))
     args = ["pe=rope", "pe.name=scaled_rope", "+pe.plugin=scaled_rope", *TINY]
-    env = {"PYTHONPATH": str(tmp_path)}
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     first = pe_bench(*args, out=tmp_path / "out", env=env)
     assert first.returncode == 0, first.stderr[-2000:]
     before = load_records(tmp_path / "out")
@@ -193,7 +193,7 @@ def test_editing_a_variant_plugin_recomputes_its_records(tmp_path):
     records are recomputed (the trained model's are kept)."""
     (tmp_path / "edited_pi.py").write_text(VARIANT_PLUGIN.format(scale=1.0))
     args = ["pe=rope", "+eval.variants.edited={name:edited_pi,plugin:edited_pi}", *TINY]
-    env = {"PYTHONPATH": str(tmp_path)}
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
     first = pe_bench(*args, out=tmp_path / "out", env=env)
     assert first.returncode == 0, first.stderr[-2000:]
     before = load_records(tmp_path / "out").set_index(["variant", "eval_len"])["nll"]
@@ -204,3 +204,46 @@ def test_editing_a_variant_plugin_recomputes_its_records(tmp_path):
     assert after.index.equals(before.index)
     assert after.drop("edited").equals(before.drop("edited"))  # the others: found, not redone
     assert not after["edited"].equals(before["edited"])  # new code, new numbers
+
+
+HELPED_PLUGIN = """
+from pe_bench.positions import register
+from pe_bench.positions.rotary import RoPE
+from helped_scale import scale
+
+
+@register("helped_rope")
+class HelpedRoPE(RoPE):
+    def inv_freq(self, seq_len):
+        return super().inv_freq(seq_len) * scale()
+"""
+
+HELPER = """
+def scale():
+    \"\"\"{doc}\"\"\"
+    return {scale}
+"""
+
+
+@pytest.mark.slow
+def test_a_plugins_helper_module_is_part_of_its_key(tmp_path):
+    """A plugin whose formula lives in a helper module (issue 29, item 4): rewording the helper
+    keeps the records; editing its formula recomputes them, though the plugin's class is the
+    same."""
+    (tmp_path / "helped_rope.py").write_text(HELPED_PLUGIN)
+    (tmp_path / "helped_scale.py").write_text(HELPER.format(doc="The scale.", scale=0.5))
+    args = ["pe=rope", "pe.name=helped_rope", "+pe.plugin=helped_rope", *TINY]
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    first = pe_bench(*args, out=tmp_path / "out", env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = load_records(tmp_path / "out")
+    (tmp_path / "helped_scale.py").write_text(HELPER.format(doc="Reworded.", scale=0.5))
+    reworded = pe_bench(*args, out=tmp_path / "out", env=env)
+    assert "records are there" in reworded.stderr + reworded.stdout
+    (tmp_path / "helped_scale.py").write_text(HELPER.format(doc="The scale.", scale=0.25))
+    edited = pe_bench(*args, out=tmp_path / "out", env=env)
+    assert edited.returncode == 0, edited.stderr[-2000:]
+    assert "records stale, recomputed: pe_source" in edited.stderr + edited.stdout
+    after = load_records(tmp_path / "out")
+    assert len(after) == len(before) and set(after["pe_source"]) != set(before["pe_source"])
+    assert not after["nll"].equals(before["nll"])

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 from pathlib import Path
 
 import pytest
 
 from pe_bench import cli
+from pe_bench.config import config_hash
 from pe_bench.errors import UserError
-from pe_bench.records import POSITIONS, RECORDS, read_jsonl, write_jsonl
+from pe_bench.positions import scheme_key
+from pe_bench.records import POSITIONS, RECORD_KEY, RECORDS, read_jsonl, write_jsonl
+from pe_bench.run.plan import plan
 from pe_bench.run.store import LOCK, RunStore
 
 
@@ -73,6 +77,71 @@ def test_records_of_a_changed_variant_config_are_superseded(tmp_path):
         ("yarn", "y"),
         ("none", ""),
     ]
+
+
+def test_records_of_other_code_or_without_its_key_are_stale_and_the_log_says_why(tmp_path, caplog):
+    """A record is kept only under the key of the code that runs now: the trained scheme's
+    (``pe_source``) and a planned variant's (``variant_source``); one without a key (made before
+    records carried it) or of another is recomputed. A variant no longer planned is kept."""
+    pi = {"variant": "pi", "variant_hash": "p", "pe_source": "k1"}
+    rows = [
+        {**record("a", 16), "pe_source": "k1"},
+        {**record("a", 32), "pe_source": "k0"},
+        record("a", 64),
+        {**record("a", 16), **pi, "variant_source": "v1"},
+        {**record("a", 32), **pi, "variant_source": "v0"},
+        {**record("a", 64), **pi},
+        {**record("a", 16), "variant": "yarn", "variant_hash": "y", "pe_source": "k1"},
+    ]
+    write_jsonl(tmp_path / RECORDS, rows)
+    with caplog.at_level(logging.INFO, logger="pe_bench.run.store"):
+        again = RunStore(
+            tmp_path,
+            ["a"],
+            "c1",
+            fresh=False,
+            variants={"none": "", "pi": "p"},
+            pe_source="k1",
+            variant_sources={"none": "", "pi": "v1"},
+        )
+    assert [(r["variant"], r["eval_len"]) for r in again.records] == [
+        ("none", 16),
+        ("pi", 16),
+        ("yarn", 16),
+    ]
+    assert "1 records stale, recomputed: pe_source k0, the code's key is now k1" in caplog.text
+    assert "1 records stale, recomputed: no pe_source (made before records carried it)" in (
+        caplog.text
+    )
+    assert "1 records stale, recomputed: variant_source v0, the code's key is now v1" in caplog.text
+    assert "1 records stale, recomputed: no variant_source" in caplog.text
+
+
+def test_a_record_without_the_key_of_its_code_is_recomputed(tmp_path, tiny_config, caplog):
+    """A record written before records carried the key is not served: the run computes it
+    again (and writes it with the key), once."""
+    cfg = tiny_config("pe=alibi")
+    cli.run(cfg, tmp_path)
+    records = rows(tmp_path, RECORDS)
+    keyless = {k: v for k, v in records[0].items() if k != "pe_source"}
+    write_jsonl(tmp_path / RECORDS, [keyless, *records[1:]])
+    with caplog.at_level(logging.INFO):
+        again = cli.run(cfg, tmp_path)
+    assert "1 records stale, recomputed: no pe_source" in caplog.text
+    assert "1 of 3 records to compute" in caplog.text
+    assert len(again) == 3 and {r["pe_source"] for r in again} == {records[0]["pe_source"]}
+    assert len(rows(tmp_path, POSITIONS)) == 3
+
+
+def test_a_variant_is_named_by_its_config_and_kept_under_the_key_of_its_code(tiny_config):
+    """``variant_hash`` is the hash of the variant's config alone (part of the record's key, as
+    before code entered it); the key of its code is ``variant_source``, outside the record key."""
+    job = plan(tiny_config("pe=rope"))
+    (pi, *_) = [task for task in job.tasks if task.variant == "pi"]
+    assert pi.variant_hash == config_hash(job.cfg.eval.variants["pi"])
+    assert pi.variant_source == scheme_key(job.cfg.eval.variants["pi"]) != job.pe_source
+    assert pi.fields()["variant_source"] == pi.variant_source
+    assert "variant_source" not in RECORD_KEY
 
 
 def test_stray_temporary_files_of_a_killed_run_are_removed(tmp_path):

@@ -11,13 +11,11 @@ its module is imported, which happens
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.metadata
 import inspect
 import typing
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Any
 
 from pe_bench.config import check_value
@@ -36,6 +34,7 @@ from pe_bench.positions import (  # noqa: F401  (importing registers the built-i
     rotary_zoo,
 )
 from pe_bench.positions.base import ModelDims, PositionScheme, register, registered
+from pe_bench.positions.fingerprint import class_key
 from pe_bench.positions.rotary import RoPE
 
 __all__ = [
@@ -51,6 +50,7 @@ __all__ = [
     "registered",
     "scheme_class",
     "scheme_family",
+    "scheme_key",
 ]
 
 ENTRY_POINT_GROUP = "pe_bench.positions"
@@ -107,20 +107,6 @@ def scheme_class(name: str) -> type[PositionScheme]:
                 f"unknown scheme {name!r}; registered: {', '.join(sorted(registered()))}{installed}"
             )
     return registered()[name]
-
-
-def source_hash(cls: type[PositionScheme]) -> str:
-    """A hash of the code a scheme runs: the source files of every class it inherits from
-    (a plugin's module, the built-in it subclasses, ``base.py``). Records carry it and a job
-    folder's records of another hash are stale, so editing a plugin recomputes its numbers
-    instead of finding the old ones (git's SHA covers pe-bench's own code, not a plugin's)."""
-    files = sorted(
-        {inspect.getsourcefile(c) or "" for c in cls.__mro__ if issubclass(c, PositionScheme)}
-    )
-    digest = hashlib.sha256()
-    for file in files:
-        digest.update(Path(file).read_bytes() if file and Path(file).is_file() else b"?")
-    return digest.hexdigest()[:12]
 
 
 def scheme_options(cls: type[PositionScheme]) -> list[str]:
@@ -232,3 +218,14 @@ def build_scheme(cfg: Mapping[str, Any], dims: ModelDims, prefix: str = "pe.") -
             f"scheme {cls.name!r} ({cls.__module__}.{cls.__qualname__}) raised in __init__ with "
             f"options {options}: {_one_line(err)}"
         ) from err
+
+
+def scheme_key(cfg: Mapping[str, Any], dims: ModelDims | None = None) -> str:
+    """The key of the scheme a ``pe`` config names, with its options (see the module
+    docstring). ``dims`` (the model's) are used only when the options cannot be built for
+    the probe's dimensions (a list of ``head_dim / 2`` factors, say)."""
+    if cfg.get("plugin"):
+        load_plugin(cfg["plugin"])
+    cls = scheme_class(cfg["name"])
+    options = checked_options(cls, {k: v for k, v in cfg.items() if k not in META_KEYS}, "")
+    return class_key(cls, options, dims)

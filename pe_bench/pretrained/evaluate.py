@@ -4,11 +4,9 @@ test slice and the passkey records (``pe_bench.pretrained.plan`` says what they 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -16,8 +14,8 @@ from torch import Tensor, nn
 
 from pe_bench.data.corpus import Corpus, load_corpus
 from pe_bench.data.tokenizer import HFTokenizer
-from pe_bench.positions import rotary
-from pe_bench.pretrained import passkey, rope
+from pe_bench.pretrained import passkey
+from pe_bench.pretrained.key import pretrained_key
 from pe_bench.pretrained.load import (
     LogitsOnly,
     corpus_tokenizer,
@@ -45,13 +43,9 @@ class PretrainedData:
 
 
 def code_hash() -> str:
-    """A hash of the code that computes a pretrained model's numbers (this module, the RoPE
-    patching, the passkey test and the rotary schemes): records made by other code are
-    recomputed."""
-    digest = hashlib.sha256()
-    for path in (__file__, rope.__file__, passkey.__file__, rotary.__file__):
-        digest.update(Path(path).read_bytes())
-    return digest.hexdigest()[:12]
+    """The key of the code that computes a pretrained model's numbers
+    (``pretrained.key.pretrained_key``): records made by other code are recomputed."""
+    return pretrained_key()
 
 
 def open_data(job: PretrainedPlan, device: torch.device) -> tuple[PretrainedData, DataKey]:

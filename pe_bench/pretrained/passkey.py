@@ -34,22 +34,19 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from pe_bench.config import config_hash
 from pe_bench.errors import UserError
-from pe_bench.pretrained.rope import rope_variant
+from pe_bench.pretrained.rope import RopeSpec, Variant, rope_variant
 from pe_bench.records import PASSKEY_MODE
 from pe_bench.report.aggregate import wilson
 from pe_bench.run.config import PasskeyConfig
 from pe_bench.run.evaluate import OUT_OF_MEMORY, EvalTask, is_out_of_memory
 from pe_bench.run.train import autocast
-
-if TYPE_CHECKING:
-    from pe_bench.pretrained.rope import RopeSpec, Variant
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +69,23 @@ def settings_hash(cfg: PasskeyConfig) -> str:
 
 
 def tasks(
-    cfg: PasskeyConfig, schemes: list[tuple[str, str, Any]], train_len: int
+    cfg: PasskeyConfig, schemes: list[tuple[str, str, Any, str]], train_len: int
 ) -> list[EvalTask]:
-    """One task per (variant, target length); ``stride`` is the length (one prompt each)."""
+    """One task per (variant, target length) of ``schemes`` (as ``eval_tasks`` takes them);
+    ``stride`` is the length (one prompt each)."""
     return [
         EvalTask(
-            variant, digest, scheme, length, PASSKEY_MODE, length, cfg.trials, settings_hash(cfg)
+            variant,
+            digest,
+            scheme,
+            length,
+            PASSKEY_MODE,
+            length,
+            cfg.trials,
+            settings_hash(cfg),
+            source,
         )
-        for variant, digest, scheme in schemes
+        for variant, digest, scheme, source in schemes
         for length in cfg.prompt_lengths(train_len)
     ]
 

@@ -44,6 +44,7 @@ import torch
 from pe_bench.config import config_hash
 from pe_bench.errors import UserError
 from pe_bench.pretrained import passkey
+from pe_bench.pretrained.key import variant_key
 from pe_bench.pretrained.load import load_config
 from pe_bench.pretrained.rope import RopeSpec, Variant, build_variants, rope_spec
 from pe_bench.run.config import PasskeyConfig, PretrainedConfig, RunConfig
@@ -109,8 +110,9 @@ def plan_pretrained(cfg: RunConfig) -> PretrainedPlan:
     variants = build_variants(cfg.eval, spec)
     train_len = spec.dims.train_len
     lengths = cfg.eval.eval_lengths(train_len)
-    schemes = [("none", "", None)] + [
-        (v.key, config_hash(cfg.eval.variants[v.key]), v.scheme) for v in variants
+    schemes = [("none", "", None, "")] + [
+        (v.key, config_hash(cfg.eval.variants[v.key]), v.scheme, variant_key(v, spec.dims))
+        for v in variants
     ]
     tasks = eval_tasks(schemes, lengths, cfg.eval, train_len, cfg.eval.n_targets(lengths))
     pk_cfg = cfg.model.passkey_config()

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -246,33 +247,40 @@ class EvalTask:
     stride: int
     tokens: int
     probe_hash: str = ""  # a probe's (or passkey's) settings: changed settings recompute
+    # the key of the variant's code (``positions.scheme_key``; "" for none): a record of
+    # other code is stale (``RunStore``); not part of the record's key
+    variant_source: str = ""
 
     def key(self) -> tuple:
         """The record key's values (``RECORD_KEY``)."""
         return (self.variant, self.variant_hash, self.eval_len, self.mode, self.stride, self.tokens)
 
     def fields(self) -> dict[str, Any]:
-        """The record's key fields (with the probe's settings hash where it has one)."""
-        probe = {"probe_hash": self.probe_hash} if self.probe_hash else {}
-        return dict(zip(RECORD_KEY, self.key(), strict=True)) | probe
+        """The record's key fields, with the probe's settings hash and the variant's code key
+        where it has them."""
+        extra = {"probe_hash": self.probe_hash} if self.probe_hash else {}
+        if self.variant_source:
+            extra["variant_source"] = self.variant_source
+        return dict(zip(RECORD_KEY, self.key(), strict=True)) | extra
 
 
 def eval_tasks(
-    schemes: Iterable[tuple[str, str, PositionScheme | None]],
+    schemes: Iterable[tuple[str, str, PositionScheme | None, str]],
     lengths: list[int],
     cfg: EvalConfig,
     train_len: int,
     tokens: int,
     modes: list[str] | None = None,
 ) -> list[EvalTask]:
-    """Every (variant, length, mode) of ``schemes`` (variant key, variant hash, scheme), in
-    ``modes`` (default ``cfg.modes``), each over ``tokens`` targets."""
+    """Every (variant, length, mode) of ``schemes`` (variant key, variant hash, scheme, key of
+    the variant's code), in ``modes`` (default ``cfg.modes``), each over ``tokens`` targets."""
     tasks = []
-    for variant, variant_hash, scheme in schemes:
+    for variant, variant_hash, scheme, source in schemes:
         for length in lengths:
             for mode in modes or cfg.modes:
                 stride = cfg.stride_for(mode, length, train_len)
-                tasks.append(EvalTask(variant, variant_hash, scheme, length, mode, stride, tokens))
+                task = EvalTask(variant, variant_hash, scheme, length, mode, stride, tokens)
+                tasks.append(dataclasses.replace(task, variant_source=source))
     return tasks
 
 

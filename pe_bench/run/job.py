@@ -121,6 +121,7 @@ def open_store(job: Job, out_dir: Path, key: DataKey, world: World) -> RunStore:
         probes={t.mode: t.probe_hash for t in tasks if t.probe_hash},
         pe_source=key.pe_source,
         tokenizer_sha=key.tokenizer_sha,
+        variant_sources={t.variant: t.variant_source for t in tasks},
     )
 
 

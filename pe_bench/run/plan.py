@@ -34,7 +34,7 @@ from pe_bench.positions import (
     checked_options,
     load_plugin,
     scheme_class,
-    source_hash,
+    scheme_key,
 )
 from pe_bench.records import TASK_MODE
 from pe_bench.run.config import RunConfig
@@ -87,8 +87,8 @@ class Plan:
 
     @property
     def pe_source(self) -> str:
-        """The hash of the trained scheme's code (``positions.source_hash``)."""
-        return source_hash(type(self.scheme))
+        """The key of the trained scheme's code (``positions.scheme_key``)."""
+        return scheme_key(self.cfg.pe, self.scheme.dims)
 
     @property
     def run_ids(self) -> list[str]:
@@ -140,12 +140,14 @@ def plan(cfg: DictConfig | RunConfig) -> Plan:
             "included by default)"
         )
     lengths = run_cfg.eval.eval_lengths(train_len)
-    schemes = [("none", "", scheme), *_variants(run_cfg, scheme)]
-    for _, _, each in schemes:
+    schemes = [("none", "", scheme, ""), *_variants(run_cfg, scheme)]
+    for _, _, each, _ in schemes:
         for length in lengths:
             each.check_length(length)
     # The trained scheme's tasks evaluate the model's own scheme (None), not the planned copy.
-    evaluated = [(key, digest, None if key == "none" else s) for key, digest, s in schemes]
+    evaluated = [
+        (key, digest, None if key == "none" else s, code) for key, digest, s, code in schemes
+    ]
     modes = _modes(run_cfg, lengths)
     if modes == [TASK_MODE]:  # a synthetic task scores instances, the same number per length
         n_targets = int(run_cfg.data["eval_instances"])
@@ -228,9 +230,11 @@ def _built(pe_cfg: dict[str, Any], cfg: RunConfig, prefix: str = "pe.") -> Posit
         return build_scheme(pe_cfg, cfg.model.dims(cfg.train.seq_len), prefix)
 
 
-def _variants(cfg: RunConfig, trained: PositionScheme) -> list[tuple[str, str, PositionScheme]]:
-    """(variant key, hash of its config and code, scheme) of every eval-time variant that applies
-    to the trained scheme (its ``variant_of`` names it); the others are left out."""
+def _variants(
+    cfg: RunConfig, trained: PositionScheme
+) -> list[tuple[str, str, PositionScheme, str]]:
+    """(variant key, hash of its config, scheme, key of its code) of every eval-time variant
+    that applies to the trained scheme (its ``variant_of`` names it); the others are left out."""
     variants = []
     for key, variant_cfg in (cfg.eval.variants or {}).items():
         where = f"eval.variants.{key}"
@@ -250,10 +254,10 @@ def _variants(cfg: RunConfig, trained: PositionScheme) -> list[tuple[str, str, P
         if cls.variant_of == trained.name:
             check_shared_options(variant_cfg, cfg.pe, where)
             variant = _built(variant_cfg, cfg, where + ".")
-            # its code is part of its identity, as a trained scheme's (pe_source): an edited
-            # plugin variant recomputes its records instead of finding the old ones
-            identity = {**variant_cfg, "source": source_hash(type(variant))}
-            variants.append((key, config_hash(identity), variant))
+            # its code's key goes with its records, as a trained scheme's (pe_source): an
+            # edited plugin variant recomputes its records instead of finding the old ones
+            code = scheme_key(variant_cfg, variant.dims)
+            variants.append((key, config_hash(variant_cfg), variant, code))
         else:  # not evaluated in this run, but a bad option is refused all the same
             options = {k: v for k, v in variant_cfg.items() if k not in META_KEYS}
             checked_options(cls, options, where + ".")
@@ -294,7 +298,7 @@ def _finetunes(
         for length in lengths:
             scheme.check_length(length)
         # A fine-tuned model is evaluated as it was fine-tuned: no eval-time variants.
-        none = [("none", "", None)]
+        none = [("none", "", None, "")]
         tasks = eval_tasks(none, lengths, cfg.eval, cfg.train.seq_len, n_targets, modes)
         tasks = with_probes(tasks, cfg)
         ft_hash = config_hash(cfg.resolved["finetunes"][key])

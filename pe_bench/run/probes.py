@@ -122,6 +122,7 @@ def probe_tasks(tasks: list[EvalTask], cfg: EvalConfig, train_len: int) -> list[
             stride=shape["eval_len"],  # one sequence per measurement, no sliding
             tokens=task.tokens,
             probe_hash=hashes[probe],
+            variant_source=task.variant_source,
             **shape,
         )
         for task in {(t.variant, t.variant_hash): t for t in text}.values()

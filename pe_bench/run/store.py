@@ -5,8 +5,9 @@ A job folder holds one trained model and its fine-tunes (each a run id): ``recor
 ``positions.jsonl`` (per-position loss of each ok record), ``curve.jsonl`` (training curves,
 the trained model's first), ``config.yaml`` and the checkpoints. Records of other run ids or
 another corpus, or of an eval-time variant whose config has changed since (``variant_hash``),
-or of a context-use probe whose settings have (``probe_hash``), are stale and dropped at the
-next write; skipped records are retried. A
+or of a context-use probe whose settings have (``probe_hash``), or made by other code of their
+scheme (``pe_source``, ``variant_source``: ``positions.scheme_key``), are stale and dropped at
+the next write; skipped records are retried. A
 position row lives as long as its record, a curve as long as a record of its run id: neither
 carries the corpus hash, and a row whose record was never written (a kill between the two
 writes) is computed again with it, never twice.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -81,15 +83,16 @@ class RunStore:
 
     ``variants`` maps each eval-time variant of the plan to its config hash: records of that
     variant under another hash are superseded (a variant key names one config at a time, else
-    the report would see two rows for one cell). ``pe_source`` is the hash of the trained
-    scheme's code: records made with other code are stale (those written before records
-    carried it are kept). ``probes`` maps each context-use probe of the
-    plan to the hash of its settings (``probes.probe_hashes``): its records of another hash are
-    superseded the same way. ``tokenizer_sha`` is the fingerprint of the corpus's tokenizer:
-    records of another are stale (records without one were made with bytes). ``fresh``
-    ignores what is there
-    (``force=true``); only the ``writer`` (rank 0 under torchrun) deletes or writes files, so
-    every rank decides from the files as they were.
+    the report would see two rows for one cell). ``pe_source`` is the key of the trained
+    scheme's code (``positions.scheme_key``) and ``variant_sources`` maps each variant of the
+    plan to the key of its code: records made by other code, or that carry no key (made before
+    records did), are stale and computed again, with a log line saying why (``pe_source``
+    None: not checked, for tools that only read a folder). ``probes`` maps each context-use
+    probe of the plan to the hash of its settings (``probes.probe_hashes``): its records of
+    another hash are superseded the same way. ``tokenizer_sha`` is the fingerprint of the
+    corpus's tokenizer: records of another are stale (records without one were made with
+    bytes). ``fresh`` ignores what is there (``force=true``); only the ``writer`` (rank 0
+    under torchrun) deletes or writes files, so every rank decides from the files as they were.
     """
 
     def __init__(
@@ -103,6 +106,7 @@ class RunStore:
         probes: dict[str, str] | None = None,
         pe_source: str | None = None,
         tokenizer_sha: str = BYTES,
+        variant_sources: dict[str, str] | None = None,
     ) -> None:
         self.folder, self.run_ids, self.corpus_sha = folder, run_ids, corpus_sha
         self.writer = writer
@@ -120,9 +124,10 @@ class RunStore:
             and r.get("status") != "skipped"
             and variants.get(r.get("variant"), r.get("variant_hash")) == r.get("variant_hash")
             and probes.get(r.get("mode"), r.get("probe_hash")) == r.get("probe_hash")
-            and r.get("pe_source", pe_source) == pe_source  # (records before it: kept)
             and r.get("tokenizer_sha", BYTES) == tokenizer_sha
         ]
+        if pe_source is not None:
+            self.records = self._of_this_code(pe_source, variant_sources or {})
         self._done = {record_key(r) for r in self.records}
         self.positions = [r for r in self._rows(POSITIONS, fresh) if record_key(r) in self._done]
         trained = {r["run_id"] for r in self.records}
@@ -130,6 +135,31 @@ class RunStore:
         for row in self._rows(CURVE, fresh):
             if row.get("run_id") in trained:
                 self.curves.setdefault(row["run_id"], []).append(row)
+
+    def _of_this_code(self, pe_source: str, variant_sources: dict[str, str]) -> list[dict]:
+        """The records made by the code that runs now: the trained scheme's key
+        (``pe_source``) and, for a variant of the plan, the variant's (``variant_source``);
+        the others are logged, by why they are stale."""
+        kept, stale = [], Counter()
+        for r in self.records:
+            expected = [("pe_source", pe_source)]
+            if variant_sources.get(r.get("variant")):  # a variant not planned now: kept
+                expected.append(("variant_source", variant_sources[r["variant"]]))
+            wrong = [(field, r.get(field), key) for field, key in expected if r.get(field) != key]
+            if wrong:
+                stale[wrong[0]] += 1
+            else:
+                kept.append(r)
+        for (field, found, key), count in stale.items():
+            why = f"{field} {found}" if found else f"no {field} (made before records carried it)"
+            log.info(
+                "%s: %d records stale, recomputed: %s, the code's key is now %s",
+                self.folder,
+                count,
+                why,
+                key,
+            )
+        return kept
 
     def _rows(self, name: str, fresh: bool) -> list[dict]:
         """The rows of file ``name`` (none when starting over)."""

@@ -190,9 +190,8 @@ def save_checkpoint(path: Path, state: dict) -> None:
     atomic_write(path, lambda f: torch.save(state, f))
 
 
-def load_checkpoint(path: Path, fingerprint: str, legacy_fingerprint: str = "") -> dict | None:
-    """The checkpoint at ``path`` if it belongs to this run (its ``fingerprint``, or the one
-    an older version of pe-bench gave it, ``legacy_fingerprint``), else None.
+def load_checkpoint(path: Path, fingerprint: str) -> dict | None:
+    """The checkpoint at ``path`` if it belongs to this run (its ``fingerprint``), else None.
 
     An unreadable one stops the run with one line naming it: pe-bench's own writes are atomic,
     so a cut-short file means something outside the run (a full disk, a copy cut short) that
@@ -209,7 +208,7 @@ def load_checkpoint(path: Path, fingerprint: str, legacy_fingerprint: str = "") 
             f"checkpoint {path} cannot be read ({type(err).__name__}: {reason}); delete it, "
             "or rerun with force=true to train this run from scratch"
         ) from None
-    if state.get("fingerprint") not in {fingerprint, legacy_fingerprint or fingerprint}:
+    if state.get("fingerprint") != fingerprint:
         log.warning("%s belongs to another config; training from scratch", path)
         return None
     return state
@@ -224,7 +223,6 @@ def fit(
     on_log: Callable[[dict], None] | None = None,
     checkpoint: Path | None = None,
     fingerprint: str = "",
-    legacy_fingerprint: str = "",
     world: World | None = None,
     resume: bool = True,
 ) -> TrainResult:
@@ -243,11 +241,7 @@ def fit(
     world = world or World()
     training = _Training.start(model, corpus, cfg, device, world)
     result, first_step, elapsed = TrainResult(), 0, 0.0
-    state = (
-        load_checkpoint(checkpoint, fingerprint, legacy_fingerprint)
-        if checkpoint and resume
-        else None
-    )
+    state = load_checkpoint(checkpoint, fingerprint) if checkpoint and resume else None
     if state:
         result.curve, first_step, elapsed = training.restore(state)
         log.info("%s: resumed at step %d of %d from %s", desc, first_step, cfg.steps, checkpoint)

@@ -111,14 +111,10 @@ def fit_args(ctx: RunContext, run_id: str, finetune: str | None = None) -> dict[
     """``fit``'s checkpointing and process arguments for a run id (or a fine-tune's)."""
     job: Plan = ctx.job
     tokenizer, corpus_sha = ctx.data.tokenizer, ctx.data.corpus.sha
-    byte = tokenizer.name == BYTE
-    tokens = "" if byte else f"-{tokenizer.fingerprint}"
+    tokens = "" if tokenizer.name == BYTE else f"-{tokenizer.fingerprint}"
     return {
         "checkpoint": ctx.store.checkpoint(finetune),
         "fingerprint": f"{run_id}-{corpus_sha}-{job.pe_source}{tokens}",
-        # saved before fingerprints carried the source hash (bytes only, then): kept, as
-        # the records of then are (``RunStore``)
-        "legacy_fingerprint": f"{run_id}-{corpus_sha}" if byte else "",
         "world": ctx.world,
         "resume": not job.cfg.force,
     }

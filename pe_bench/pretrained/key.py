@@ -1,0 +1,96 @@
+"""The key of the code that computes a pretrained model's numbers (``model=hf``).
+
+A pretrained model's records carry it as ``pe_source``, as a trained model's carry the key of
+its scheme's code (``positions.scheme_key``), and ``RunStore`` recomputes the records of
+another key. It covers what pe-bench adds to the model: the functions that apply an eval-time
+variant to an HF model (``pretrained.rope``: the model's rotary spec, the patched frequencies
+and attention, HF's ``rope_parameters`` of each method) and the passkey test's prompts and
+greedy decoding (``pretrained.passkey``), each as its normalised syntax tree
+(``fingerprint.normalised_source``: docstrings, comments and where the function sits do not
+count). A variant's records carry the key of the variant's own code as ``variant_source``
+(``variant_key``), so editing one variant recomputes its records only. The model's weights and
+HF's code are named by the run's config (``model.name``, ``model.revision``) and the records'
+provenance, not here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from types import ModuleType
+from typing import Any
+
+from pe_bench.positions import ModelDims
+from pe_bench.positions.fingerprint import class_key, normalised_source
+from pe_bench.pretrained import passkey, rope
+from pe_bench.pretrained.rope import Variant
+
+# What applies a variant to an HF model (pe_bench.pretrained.rope) ...
+APPLY = (
+    "rope_spec",
+    "rotary_modules",
+    "scaled_attention",
+    "register_attention",
+    "scheme_defaults",
+    "frequencies_only",
+    "build_variants",
+    "uses_hf",
+    "rope_variant",
+    "hf_rope",
+    "pe_bench_rope",
+    "HF_ROPE_TYPES",
+    "_linear",
+    "_dynamic",
+    "_yarn",
+    "_llama3",
+    "_longrope",
+)
+# ... and the passkey test's prompts and decoding (pe_bench.pretrained.passkey).
+PASSKEY = (
+    "TASK",
+    "FILLER",
+    "QUESTION",
+    "KEYS",
+    "key_sentence",
+    "prompt_text",
+    "fit_prompt",
+    "draws",
+    "first_integer",
+    "answered",
+    "greedy",
+    "cache_keyword",
+)
+
+
+def pretrained_key() -> str:
+    """The key of the code above as it is now: 12 hex digits."""
+    return code_key({**named(rope, APPLY), **named(passkey, PASSKEY)})
+
+
+def variant_key(variant: Variant, dims: ModelDims) -> str:
+    """The key of a pretrained model's variant's code (``fingerprint.class_key``), with the
+    options it is built with (``base`` = the model's ``rope_theta``); ``dims``, the model's
+    rotary dims, where the options need them."""
+    return class_key(type(variant.scheme), variant.options, dims)
+
+
+def named(module: ModuleType, names: Iterable[str]) -> dict[str, Any]:
+    """``{name: module.name}`` for each of ``names`` (a missing one is ``None``)."""
+    return {name: getattr(module, name, None) for name in names}
+
+
+def code_key(objects: Mapping[str, Any]) -> str:
+    """A hash of named functions and constants: functions as normalised syntax trees, a dict
+    of functions by their names, other values by ``repr``."""
+    return hashlib.sha256(
+        json.dumps({name: _normalised(obj) for name, obj in sorted(objects.items())}).encode()
+    ).hexdigest()[:12]
+
+
+def _normalised(obj: Any) -> Any:
+    if callable(obj):
+        return normalised_source(obj)
+    if isinstance(obj, Mapping):
+        return {str(k): _normalised(v) if not callable(v) else v.__name__ for k, v in obj.items()}
+    return repr(obj)

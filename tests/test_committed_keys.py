@@ -1,0 +1,77 @@
+"""The committed records under the key of their scheme's code (experiments/migrate_keys.py):
+every one is fresh for today's code, and a sample recomputed with today's code gives the
+stored numbers."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from pe_bench import cli
+from pe_bench.records import RECORDS, read_jsonl
+from pe_bench.run.store import BYTES, RunStore
+
+ROOT = Path(__file__).parents[1]
+RESULTS = ROOT / "results"
+# The cheapest committed job (flip-flop, d_model 64, 600 steps: 15 s on one thread), made at
+# 9bd5af8 under a hash of whole source files, now under today's key.
+SAMPLE = RESULTS / "tasks_quick" / "pe=sinusoidal,task=flip_flop"
+RTOL = 1e-3  # records differ by up to 8e-4 across CPU types
+
+
+def migrate_keys():
+    """experiments/migrate_keys.py as a module (it is a script, not part of the package)."""
+    path = ROOT / "experiments" / "migrate_keys.py"
+    spec = importlib.util.spec_from_file_location("migrate_keys", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow  # 10 s: a plan for each of the ~200 committed job folders
+def test_every_committed_record_is_fresh_for_todays_code(monkeypatch):
+    """A run of any committed job folder would find all its records (none is stale): each
+    carries the key today's code gives its config, the scheme's and each variant's."""
+    monkeypatch.syspath_prepend(str(ROOT / "examples" / "my_pe"))  # the placed plugin
+    folder_of = migrate_keys().Folder
+    stale = []
+    for path in sorted(RESULTS.glob("**/records.jsonl")):
+        folder = folder_of(path.parent)
+        store = RunStore(
+            path.parent,
+            sorted({r["run_id"] for r in folder.records}),
+            folder.records[0]["corpus_sha"],
+            fresh=False,
+            writer=False,
+            variants={key: digest for key, (digest, _) in folder.variants.items()},
+            pe_source=folder.pe_source,
+            tokenizer_sha=folder.records[0].get("tokenizer_sha", BYTES),
+            variant_sources={key: source for key, (_, source) in folder.variants.items()},
+        )
+        if len(store.records) != len(folder.records):
+            stale.append(f"{path.parent.relative_to(RESULTS)}: {len(store.records)} fresh")
+    assert stale == []
+
+
+@pytest.mark.slow  # 15 s
+def test_a_committed_record_recomputed_by_todays_code_gives_its_numbers(tmp_path):
+    """The sample job trained and evaluated again from its config.yaml: the same numbers
+    (within ``RTOL``; on one thread, where it was made on two) under the same key."""
+    stored = read_jsonl(SAMPLE / RECORDS)
+    cfg = OmegaConf.load(SAMPLE / "config.yaml")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        again = {(r["variant"], r["eval_len"], r["mode"]): r for r in cli.run(cfg, tmp_path)}
+    finally:
+        torch.set_num_threads(threads)
+    assert len(again) == len(stored) and {r["git_sha"][:7] for r in stored} == {"9bd5af8"}
+    for old in stored:
+        new = again[(old["variant"], old["eval_len"], old["mode"])]
+        assert new["pe_source"] == old["pe_source"]
+        for field in ("answer_nll", "token_acc", "exact_match", "final_train_loss"):
+            assert new[field] == pytest.approx(old[field], rel=RTOL), (old["eval_len"], field)

@@ -1,9 +1,12 @@
-"""``pe-bench-report <results dir>``: the command line over ``report.build.build_report``."""
+"""``pe-bench-report <results dir>``: the command line over ``report.build.build_report``,
+with ``--latex DIR`` (the report's LaTeX tables copied into a paper's folder)."""
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+from pathlib import Path
 
 from pe_bench.errors import UserError
 from pe_bench.records import (
@@ -45,10 +48,21 @@ def main(argv: list[str] | None = None) -> None:
         "(results/published/) or a path to a YAML file of the same form",
     )
     parser.add_argument("--out", help="output folder (default: the results folder)")
+    parser.add_argument(
+        "--latex",
+        metavar="DIR",
+        help="also copy the LaTeX tables (always written to tables/*.tex) into DIR, e.g. a "
+        "paper's folder",
+    )
     args = parser.parse_args(argv)
     options = Options(args.metric, args.mode, args.baseline, tuple(args.schemes), args.compare)
     try:
-        build_report(args.results, args.out, options)
+        report = build_report(args.results, args.out, options)
+        if args.latex:
+            Path(args.latex).mkdir(parents=True, exist_ok=True)
+            for path in report.latex:
+                shutil.copyfile(path, Path(args.latex) / path.name)
+            print(f"LaTeX tables: {len(report.latex)} in {args.latex}")
     except UserError as err:
         print(f"pe-bench-report: error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -1,5 +1,6 @@
 """``pe-bench-report <results dir>``: the command line over ``report.build.build_report``,
-with ``--latex DIR`` (the report's LaTeX tables copied into a paper's folder)."""
+with ``--latex DIR`` (the report's LaTeX tables copied into a paper's folder) and ``--site DIR``
+(the report as a static leaderboard site, ``report.site``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pe_bench.records import (
 from pe_bench.report.aggregate import METRICS
 from pe_bench.report.build import build_report
 from pe_bench.report.inputs import Options
+from pe_bench.report.site import write_site
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -54,6 +56,12 @@ def main(argv: list[str] | None = None) -> None:
         help="also copy the LaTeX tables (always written to tables/*.tex) into DIR, e.g. a "
         "paper's folder",
     )
+    parser.add_argument(
+        "--site",
+        metavar="DIR",
+        help="also write the report as a static leaderboard site into DIR (opens from the "
+        "file system: DIR/index.html)",
+    )
     args = parser.parse_args(argv)
     options = Options(args.metric, args.mode, args.baseline, tuple(args.schemes), args.compare)
     try:
@@ -63,6 +71,8 @@ def main(argv: list[str] | None = None) -> None:
             for path in report.latex:
                 shutil.copyfile(path, Path(args.latex) / path.name)
             print(f"LaTeX tables: {len(report.latex)} in {args.latex}")
+        if args.site:
+            print(f"site: {write_site(report, Path(args.results), Path(args.site))}")
     except UserError as err:
         print(f"pe-bench-report: error: {err}", file=sys.stderr)
         sys.exit(2)

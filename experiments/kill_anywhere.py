@@ -9,7 +9,8 @@ reruns it to completion and compares every file with the reference's:
 - records.jsonl row by row, without ``IGNORED`` (measurements of time, memory, date and host:
   they differ between any two runs, killed or not);
 - checkpoints: weights, optimizer and RNG states, step and curve (not ``elapsed``, a time);
-- report.md with those fields' values masked; every other file byte for byte (positions,
+- report.md and the cost table (tables/cost.md, .csv, .tex: rates and memory computed from
+  those fields) with those values masked; every other file byte for byte (positions,
   curves, config, tables, figures with their data), after the trial's folder name is replaced
   by the reference's in text files (the command line and config name the output folder);
 - no file more or less (a stray temporary file is a mismatch), except ``cli.log``, Hydra's log
@@ -73,9 +74,14 @@ IGNORED = (
     "hardware",
     "git_sha",
 )
-# report.md shows those fields: in these lines and table columns.
-MASKED_LINES = ("- code: git ", "- hardware: ", "- records dated ")
-MASKED_COLUMNS = ("train time (s)", "fine-tune time (s)")
+# report.md shows those fields: in these lines and table columns (the runs table's times; the
+# cost table's rates, memory and hardware, ``pe_bench.report.cost``).
+MASKED_LINES = ("- code: git ", "- hardware: ", "- records dated ", "Measured on ")
+MASKED_COLUMNS = ("train time (s)", "fine-tune time (s)", "train tok/s", "fine-tune tok/s")
+MASKED_COLUMNS += ("peak eval MB",)
+MEASURED_COLUMN = re.compile(r"eval \d+$")  # the cost table's evaluation rate at a length
+# tables/cost.csv's columns computed from them
+MEASURED_CSV = re.compile(r"(train_tokens|finetune_tokens|eval)_per_s|peak_mem_mb")
 NOT_COMPARED = ("cli.log",)  # Hydra's job log: appended by every process that ran
 # The killed process's own log lines, in the order a run writes them: the phase each starts.
 PHASES = [
@@ -178,8 +184,12 @@ def masked_report(text: str) -> list[str]:
         elif line.startswith("|"):
             cells = line.split("|")
             names = [c.strip() for c in cells]
-            if any(n in MASKED_COLUMNS for n in names):
-                columns = [i for i, n in enumerate(names) if n in MASKED_COLUMNS]
+            if any(n in MASKED_COLUMNS or MEASURED_COLUMN.match(n) for n in names):
+                columns = [
+                    i
+                    for i, n in enumerate(names)
+                    if n in MASKED_COLUMNS or MEASURED_COLUMN.match(n)
+                ]
             elif not set(line) <= set("|:- "):
                 line = "|".join("*" if i in columns else c for i, c in enumerate(cells))
         else:
@@ -217,9 +227,22 @@ def same_file(rel: Path, ref: Path, got: Path, rename: tuple[str, str]) -> bool:
     if rel.suffix in (".png", ".pdf"):
         return ref.read_bytes() == got.read_bytes()
     text = got.read_text().replace(*rename)
-    if rel.name == "report.md":
+    if rel.name in ("report.md", "cost.md"):
         return masked_report(text) == masked_report(ref.read_text())
+    if rel.name == "cost.csv":
+        return masked_csv(text) == masked_csv(ref.read_text())
+    if rel.name == "cost.tex":  # every number masked: the rates and memory among them
+        return re.sub(r"\\num\{[^}]*\}", "*", text) == re.sub(
+            r"\\num\{[^}]*\}", "*", ref.read_text()
+        )
     return text == ref.read_text()
+
+
+def masked_csv(text: str) -> list[list[str]]:
+    """A CSV's rows with the values of ``MEASURED_CSV`` columns replaced by ``*``."""
+    rows = [line.split(",") for line in text.splitlines()]
+    masked = {i for i, name in enumerate(rows[0]) if MEASURED_CSV.match(name)} if rows else set()
+    return [["*" if i in masked else c for i, c in enumerate(row)] for row in rows]
 
 
 def compare(ref_root: Path, got_root: Path) -> list[str]:
@@ -291,7 +314,7 @@ def markdown(summary: Summary, seed: int, elapsed: float) -> str:
         "",
         "Written by `experiments/kill_anywhere.py` (its docstring says what is compared and",
         f"what is ignored: the record fields {', '.join(IGNORED)}; checkpoints' `elapsed`;",
-        "those values in report.md; `cli.log`).",
+        "those values in report.md and the cost table; `cli.log`).",
         "",
         f"- result: **{len(summary.trials) - len(bad)} of {len(summary.trials)} trials equal**"
         f" to the uninterrupted run ({kills} kills; {len(summary.mismatches)} mismatches)",

@@ -246,26 +246,38 @@ def score_grid(df: pd.DataFrame) -> list[int]:
 SCORE_DIGITS = 3  # decimals of a printed extrapolation score
 
 
+def run_scores(df: pd.DataFrame) -> pd.DataFrame:
+    """Each run's extrapolation score: its mean NLL over the score grid (NaN for a run missing
+    a grid length). Columns: label, scheme, variant, finetune, seed, run_id, score."""
+    grid = score_grid(df)
+    cells = df[df["eval_len"].isin(grid)].assign(finetune=finetunes(df))
+    keys = ["label", "scheme", "variant", "finetune", "seed", "run_id"]
+    counts = cells.groupby(keys)["nll"].agg(["count", "mean"]).reset_index()
+    score = counts["mean"].where(counts["count"] == len(grid))
+    return counts[keys].assign(score=score)
+
+
 def extrapolation_scores(df: pd.DataFrame) -> pd.DataFrame:
     """Per label: mean NLL over the score grid for each run, then n, mean, CI over runs and the
     rank (1 = best; scores equal to ``SCORE_DIGITS`` decimals share one; labels without a
     score get none)."""
-    grid = score_grid(df)
-
-    def run_score(nll: pd.Series) -> float:  # a run missing a grid length gets no score
-        return nll.mean() if nll.notna().sum() == len(grid) else math.nan
-
+    runs = run_scores(df)
     rows = []
     for lab in label_order(df):
-        cells = df[(df["label"] == lab) & df["eval_len"].isin(grid)]
-        per_run = cells.groupby("run_id")["nll"].agg(run_score)
-        n, mean, low, high = t_interval(per_run)
+        n, mean, low, high = t_interval(runs.loc[runs["label"] == lab, "score"])
         rows.append({"label": lab, "n": n, "score": mean, "ci_low": low, "ci_high": high})
     scores = pd.DataFrame(rows, columns=["label", "n", "score", "ci_low", "ci_high"])
     # Ranked at the precision the report shows: scores that print alike share a rank.
     ranks = scores["score"].round(SCORE_DIGITS).rank(method="min").astype("Int64")
     scores.insert(0, "rank", ranks)
     return scores
+
+
+def score_differences(df: pd.DataFrame) -> pd.DataFrame:
+    """``paired_differences`` of the runs' extrapolation scores (``run_scores``): every pair
+    of labels, paired over seeds; ``eval_len`` is 0 (the score covers the whole grid)."""
+    runs = run_scores(df).dropna(subset=["score"])
+    return paired_differences(runs.assign(status="ok", eval_len=0), "score")
 
 
 def paired_differences(df: pd.DataFrame, metric: str) -> pd.DataFrame:

@@ -8,6 +8,8 @@ under a folder, multirun folders included, and writes into it (or ``--out``)::
     tables/ratio.csv|.md          the chosen metric relative to the baseline length
     tables/score.csv|.md          extrapolation score and rank per label
     tables/compare.csv            with --compare: the run next to a published table
+    tables/cost.csv|.md           what each label costs: throughput, memory, parameters
+    tables/*.tex                  every results table above as a LaTeX table (``report.latex``)
     figures/*.png|.pdf            metric vs length, loss by position, training curves, heatmap
     figures/*.csv                 the data behind the position and training-curve figures
     tables/{context_gain,retrieval,copy_acc,attention}.csv, figures/{context_gain,retrieval,
@@ -38,8 +40,10 @@ from pe_bench.records import (
     atomic_write_text,
     load_records,
 )
-from pe_bench.report import aggregate, compare, figures, probes
+from pe_bench.report import aggregate, compare, cost, figures, latex, probes
 from pe_bench.report.aggregate import METRICS
+from pe_bench.report.best import legend, score_marks, value_marks
+from pe_bench.report.figures import TITLES
 from pe_bench.report.inputs import (
     Options,
     Report,
@@ -53,6 +57,7 @@ from pe_bench.report.inputs import (
 from pe_bench.report.markdown import SKIPPED_NOTE, caption, write_csv
 from pe_bench.report.passkey import section as passkey_section
 from pe_bench.report.sections import (
+    comparison_latex,
     comparison_markdown,
     diverged_markdown,
     diverged_note,
@@ -97,6 +102,7 @@ def build_report(
     df = aggregate.prepare(perplexity, options.mode, options.schemes)
     options = options.resolve(df)
     report = Report(out / "report.md", options, skipped=aggregate.skipped_evaluations(df))
+    report.frame, report.records = df, checked
     report.context = probes.context_use(checked, df)
     report.tokenizers = mixed_tokenizers(df, options)
     metrics = ["bpb"] if report.tokenizers else METRICS
@@ -107,13 +113,17 @@ def build_report(
     per_byte = df.assign(nll=df["bpb"] * math.log(2)) if report.tokenizers else df
     report.tables = {**stats, "ratio": ratio, "score": aggregate.extrapolation_scores(per_byte)}
     report.tables |= pairwise_tables(df, stats, options.metric)
+    report.tables["score_pairwise"] = aggregate.score_differences(per_byte)
+    report.tables["cost"] = cost.cost_table(df)
     diverged = aggregate.diverged_runs(df)
     note = diverged_note(diverged)
     with report_lock(out):
         write_tables(out / "tables", report)
+        report.latex = write_latex(out / "tables", report, note)
         report.figures = draw_figures(out / "figures", root, df, report.tables, options, note)
-        probes.write(report.context, out, figures.styles(aggregate.label_order(df)))
+        report.latex += probes.write(report.context, out, figures.styles(aggregate.label_order(df)))
         report.passkey = passkey_section(checked, out)
+        report.latex += [out / "tables" / "passkey.tex"] if report.passkey else []
         atomic_write_text(report.path, markdown_report(root, out, df, report, diverged))
     if echo:
         print_summary(report, df, note)
@@ -137,6 +147,50 @@ def write_tables(folder: Path, report: Report) -> None:
     atomic_write_text(folder / "ranks.md", ranks_markdown(tables["ranks"]) + "\n")
     if report.comparison is not None:
         write_csv(folder / "compare.csv", report.comparison.cells)
+    cost.write(folder, report.frame, tables["cost"])
+
+
+def write_latex(folder: Path, report: Report, diverged: str) -> list[Path]:
+    """The LaTeX tables of the values, ratio, score, ranks and cost (``latex.write``), with
+    the caveats under the tables of numbers; returns their paths."""
+    tables, df, opts = report.tables, report.frame, report.options
+    notes = [f"Caveat, {lab}: {text}." for lab, text in aggregate.caveats(df).items()]
+    notes += [f"{SKIPPED_NOTE} in the report."] if len(report.skipped) else []
+    notes += [f"† {diverged}."] if diverged else []
+    written = []
+    for metric in [m for m in METRICS if m in tables]:
+        marks = value_marks(tables[metric], tables["pairwise"])
+        title = f"{TITLES[metric]} by evaluation length: {caption(tables[metric], metric, df)}."
+        text = value_markdown(tables[metric], metric, report.skipped)
+        keyed = latex.header_marks(marks)
+        written.append(latex.write(folder, metric, text, title, [legend(marks), *notes], keyed))
+    text = ratio_markdown(tables["ratio"], report.skipped)
+    title = f"{TITLES[opts.metric]} at each length divided by the same scheme's at L = "
+    written.append(latex.write(folder, "ratio", text, f"{title}{opts.baseline}."))
+    marks = score_marks(tables["score"], tables["score_pairwise"])
+    keyed = {(lab, "score"): mark for lab, mark in marks.items()}
+    title = (
+        "Extrapolation score: mean NLL over the eval lengths "
+        f"{', '.join(map(str, aggregate.score_grid(df)))} per run, then the mean over seeds "
+        "[95% CI]; lower is better."
+    )
+    text = score_markdown(tables["score"])
+    notes = [legend(marks, "score"), *notes]
+    written.append(latex.write(folder, "score", text, title, notes, keyed))
+    ranks = tables["ranks"]
+    flags = ranks.fillna(0).eq(1)
+    ones = {(lab, str(n)): "best" for lab, row in flags.iterrows() for n, hit in row.items() if hit}
+    title = (
+        "Rank at each length: 1 + the number of schemes separated from it and better (95% "
+        "t-interval of the paired difference over seeds excludes 0)."
+    )
+    written.append(
+        latex.write(folder, "ranks", ranks_markdown(ranks), title, ["Bold: rank 1."], ones)
+    )
+    written.append(cost.write_latex(folder, df, tables["cost"]))
+    if report.comparison is not None:
+        written += comparison_latex(report.comparison, folder)
+    return written
 
 
 def draw_figures(
@@ -224,6 +278,7 @@ def markdown_report(
         "",
         *([report.tokenizers, ""] if report.tokenizers else []),
         *tables_markdown(df, report),
+        *cost.section(df, report.tables["cost"]),
         *(comparison_markdown(report.comparison, df) if report.comparison is not None else []),
         *figures_markdown(report, out),
         *probes.markdown(report.context, out),

@@ -1,9 +1,13 @@
-"""``pe-bench-report <results dir>``: the command line over ``report.build.build_report``."""
+"""``pe-bench-report <results dir>``: the command line over ``report.build.build_report``,
+with ``--latex DIR`` (the report's LaTeX tables copied into a paper's folder) and ``--site DIR``
+(the report as a static leaderboard site, ``report.site``)."""
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+from pathlib import Path
 
 from pe_bench.errors import UserError
 from pe_bench.records import (
@@ -12,6 +16,7 @@ from pe_bench.records import (
 from pe_bench.report.aggregate import METRICS
 from pe_bench.report.build import build_report
 from pe_bench.report.inputs import Options
+from pe_bench.report.site import write_site
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -45,10 +50,29 @@ def main(argv: list[str] | None = None) -> None:
         "(results/published/) or a path to a YAML file of the same form",
     )
     parser.add_argument("--out", help="output folder (default: the results folder)")
+    parser.add_argument(
+        "--latex",
+        metavar="DIR",
+        help="also copy the LaTeX tables (always written to tables/*.tex) into DIR, e.g. a "
+        "paper's folder",
+    )
+    parser.add_argument(
+        "--site",
+        metavar="DIR",
+        help="also write the report as a static leaderboard site into DIR (opens from the "
+        "file system: DIR/index.html)",
+    )
     args = parser.parse_args(argv)
     options = Options(args.metric, args.mode, args.baseline, tuple(args.schemes), args.compare)
     try:
-        build_report(args.results, args.out, options)
+        report = build_report(args.results, args.out, options)
+        if args.latex:
+            Path(args.latex).mkdir(parents=True, exist_ok=True)
+            for path in report.latex:
+                shutil.copyfile(path, Path(args.latex) / path.name)
+            print(f"LaTeX tables: {len(report.latex)} in {args.latex}")
+        if args.site:
+            print(f"site: {write_site(report, Path(args.results), Path(args.site))}")
     except UserError as err:
         print(f"pe-bench-report: error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -113,7 +113,8 @@ class Options:
 
 @dataclass
 class Report:
-    """What ``build_report`` wrote: tables by name and the PNG of each figure."""
+    """What ``build_report`` wrote: tables by name, the PNG of each figure, the LaTeX tables,
+    and the records behind them (for ``pe-bench-report --site``)."""
 
     path: Path  # report.md
     options: Options
@@ -124,6 +125,10 @@ class Report:
     context: probes.ContextUse | None = None  # the context-use probes' section
     passkey: list[str] = field(default_factory=list)  # the passkey section's markdown lines
     tokenizers: str = ""  # what the report says when the records mix tokenizers
+    frame: pd.DataFrame = field(default_factory=pd.DataFrame)  # the records the tables hold
+    records: pd.DataFrame = field(default_factory=pd.DataFrame)  # every checked record
+    latex: list[Path] = field(default_factory=list)  # the tables/*.tex it wrote
+    tasks: list[str] = field(default_factory=list)  # a synthetic-task report's tasks
 
 
 def load_rows(root: Path, name: str) -> pd.DataFrame:

@@ -11,7 +11,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from pe_bench.records import PASSKEY_MODE, atomic_write_text
-from pe_bench.report import aggregate, figures
+from pe_bench.report import aggregate, figures, latex
 from pe_bench.report.aggregate import wilson
 from pe_bench.report.markdown import markdown_table, write_csv
 
@@ -115,6 +115,11 @@ def section(records: pd.DataFrame, out: Path, bins: int = 5) -> list[str]:
     write_csv(out / "tables" / "passkey.csv", table)
     write_csv(out / "tables" / "passkey_depth.csv", depths)
     atomic_write_text(out / "tables" / "passkey.md", text + "\n")
+    title = (
+        "Passkey retrieval accuracy [95% Wilson interval] by target prompt length in tokens "
+        f"(x the pretraining context {train_len})."
+    )
+    latex.write(out / "tables", "passkey", text, title)
     with figures.theme():
         png = figures.save(depth_figure(depths, train_len), out / "figures", "passkey")
     tokens = rows["prompt_tokens"].explode().astype(int)

@@ -23,7 +23,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from pe_bench.records import PROBES
-from pe_bench.report import aggregate, figures
+from pe_bench.report import aggregate, figures, latex
 from pe_bench.report.markdown import markdown_table, write_csv
 
 SIGNAL_BITS = 0.05  # the least retrieval gain (bits/token) that counts as a signal
@@ -313,12 +313,14 @@ def attention_section(use: ContextUse) -> list[str]:
 # ---- files ----------------------------------------------------------------------------------
 
 
-def write(use: ContextUse | None, out: Path, style: dict[str, figures.Style]) -> None:
-    """Write the section's tables (CSV) and figures into ``out``'s tables/ and figures/."""
+def write(use: ContextUse | None, out: Path, style: dict[str, figures.Style]) -> list[Path]:
+    """Write the section's tables (CSV and LaTeX) and figures into ``out``'s tables/ and
+    figures/; returns the LaTeX tables' paths."""
     if use is None:
-        return
+        return []
     for name, table in use.tables.items():
         write_csv(out / "tables" / f"{name}.csv", table)
+    written = write_latex(use, out / "tables")
     with figures.theme():
         if "context_gain" in use.tables:
             fig = gain_figure(use.tables["context_gain"], style, "eval_len", use.train_len)
@@ -329,6 +331,31 @@ def write(use: ContextUse | None, out: Path, style: dict[str, figures.Style]) ->
         if "attention" in use.tables:
             fig = attention_figure(use.tables["attention"], style, use.train_len)
             use.figures["attention"] = figures.save(fig, out / "figures", "attention")
+    return written
+
+
+def write_latex(use: ContextUse, folder: Path) -> list[Path]:
+    """tables/<probe>.tex of each probe table the section shows."""
+    tables, L = use.tables, use.train_len
+    found = []
+    if "context_gain" in tables:
+        title = (
+            f"Context gain (bits per token): the loss of targets past {L} with the whole window "
+            f"as context minus with only their last {L} tokens; negative: the context is used."
+        )
+        text = gain_markdown(tables["context_gain"], "eval_len")
+        found.append(("context_gain", text, title, how_markdown(tables["context_gain"], "targets")))
+    if "retrieval" in tables:
+        title = "Retrieval gain (bits per token) of a repeated snippet at each distance D."
+        text = gain_markdown(tables["retrieval"], "distance")
+        found.append(("retrieval", text, title, how_markdown(tables["retrieval"], "tokens")))
+        title = "Copy accuracy with / without the copy source at each distance D."
+        found.append(("copy_acc", accuracy_markdown(tables["copy_acc"]), title, ""))
+    if "attention" in tables:
+        longest = int(tables["attention"]["eval_len"].max())
+        title = f"Mean attention distance (tokens) / entropy (nats) per layer at L = {longest}."
+        found.append(("attention", attention_markdown(tables["attention"]), title, ""))
+    return [latex.write(folder, name, text, title, [note]) for name, text, title, note in found]
 
 
 def _gain_lines(ax, table: pd.DataFrame, style: dict[str, figures.Style], x: str) -> None:

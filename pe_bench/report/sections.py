@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from pe_bench.data.tokenizer import BYTE
-from pe_bench.report import aggregate, compare
+from pe_bench.report import aggregate, compare, latex
 from pe_bench.report.figures import TITLES
 from pe_bench.report.inputs import (
     Options,
@@ -295,8 +295,7 @@ def comparison_markdown(comparison: compare.Comparison, df: pd.DataFrame) -> lis
     """The report's section that puts the run next to a published table."""
     pub, cells = comparison.published, comparison.cells
     cite, setup = pub.citation, pub.setup
-    lengths = cells.drop_duplicates("ratio_len").sort_values("ratio_len")
-    heads = [f"{r.ratio_len:.1f}x ({r.paper_len} / {r.eval_len})" for r in lengths.itertuples()]
+    lengths, heads = comparison_lengths(cells)
     mode = shared_value(df, "mode")
     protocol = f"{setup['protocol']} windows" + (
         f" (stride {setup['stride']})" if setup["stride"] else ""
@@ -341,6 +340,41 @@ def comparison_markdown(comparison: compare.Comparison, df: pd.DataFrame) -> lis
         "",
         *(f"- {sentence}" for sentence in comparison.sentences()),
         "",
+    ]
+
+
+def comparison_lengths(cells: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """The matched lengths of a comparison (one row each, by ratio) and their column heads:
+    ratio, the paper's length / this run's."""
+    lengths = cells.drop_duplicates("ratio_len").sort_values("ratio_len")
+    heads = [f"{r.ratio_len:.1f}x ({r.paper_len} / {r.eval_len})" for r in lengths.itertuples()]
+    return lengths, heads
+
+
+def comparison_latex(comparison: compare.Comparison, folder: Path) -> list[Path]:
+    """tables/compare_{ppl,ratio,order}.tex: the comparison's three tables."""
+    cells, cite = comparison.cells, comparison.published.cite()
+    lengths, heads = comparison_lengths(cells)
+    return [
+        latex.write(
+            folder,
+            "compare_ppl",
+            comparison_grid(cells, lengths, heads, paper_and_ours_value),
+            f"Perplexity, {cite} / this run, at matched ratios to the training length.",
+        ),
+        latex.write(
+            folder,
+            "compare_ratio",
+            comparison_grid(cells, lengths, heads, paper_and_ours_ratio),
+            f"Ratio to the training-length value, {cite} / this run.",
+        ),
+        latex.write(
+            folder,
+            "compare_order",
+            rank_order_markdown(comparison.orders, heads),
+            f"Rank order at each matched length (best first), {cite} and this run; Kendall "
+            "tau = (same - reversed) / pairs.",
+        ),
     ]
 
 

@@ -9,6 +9,8 @@ puts accuracies and perplexities side by side. It writes::
     tables/<task>_<metric>_pairwise.csv        paired differences of each metric
     tables/<task>_<metric>_ranks.*             ranks the seeds support
     tables/mrr.csv|md                          rank per task and mean reciprocal rank
+    tables/cost.csv|md                         what each (task, label) costs
+    tables/*.tex                               each table above as a LaTeX table
     figures/{exact_match,token_acc}_vs_length  one panel per task
 
 Each task is its own protocol (its records are checked as one by ``aggregate.prepare``): the
@@ -25,8 +27,9 @@ import pandas as pd
 
 from pe_bench.data.tasks import TASKS
 from pe_bench.records import TASK_MODE, atomic_write_text
-from pe_bench.report import aggregate, compare, figures
+from pe_bench.report import aggregate, compare, cost, figures, latex
 from pe_bench.report.aggregate import TASK_METRICS
+from pe_bench.report.best import legend, value_marks
 from pe_bench.report.inputs import Options, Report, commands, report_lock
 from pe_bench.report.markdown import distinct, markdown_table, shared_count, shared_value, write_csv
 from pe_bench.report.sections import runs_markdown, trained_models, value_markdown
@@ -62,6 +65,7 @@ def build_task_report(
     }
     df = pd.concat(per_task.values(), ignore_index=True)
     report = Report(out / "report.md", options, skipped=aggregate.skipped_evaluations(df))
+    report.frame, report.records, report.tasks = df, records, list(per_task)
     for task, rows in per_task.items():
         for metric in TASK_METRICS:
             stats = {metric: aggregate.seed_stats(rows, metric)}
@@ -73,8 +77,10 @@ def build_task_report(
         published = compare.load_ranking(options.compare)
         report.tables["compare"] = compare.ranking_comparison(report.tables["mrr"], published)
         report.tables["compare"].attrs["cite"] = published.cite()
+    report.tables["cost"] = cost.cost_table(df)
     with report_lock(out):
         write_task_tables(out / "tables", report, list(per_task))
+        report.latex = write_task_latex(out / "tables", report, list(per_task))
         report.figures = draw_task_figures(out / "figures", report, list(per_task), df)
         atomic_write_text(report.path, task_markdown(root, out, df, report, list(per_task)))
     if echo:
@@ -99,6 +105,49 @@ def write_task_tables(folder: Path, report: Report, tasks: list[str]) -> None:
     if "compare" in report.tables:
         write_csv(folder / "compare.csv", report.tables["compare"])
     atomic_write_text(folder / "mrr.md", mrr_markdown(report.tables["mrr"], tasks) + "\n")
+    cost.write(folder, report.frame, report.tables["cost"])
+
+
+def write_task_latex(folder: Path, report: Report, tasks: list[str]) -> list[Path]:
+    """The LaTeX tables: each task's values (best bold, the ones the seeds do not separate
+    from it underlined) and ranks, the mean reciprocal rank, the comparison and the cost."""
+    written = []
+    for task in tasks:
+        for metric in TASK_METRICS:
+            name = f"{task}_{metric}"
+            table, ranks = report.tables[name], report.tables[f"{name}_ranks"]
+            marks = value_marks(table, report.tables[f"{name}_pairwise"], higher_is_better=True)
+            title = f"{task}: {TITLES[metric].lower()} by input length, mean over seeds [95% CI]."
+            note = legend(marks, higher_is_better=True)
+            text, keyed = value_markdown(table, metric), latex.header_marks(marks)
+            written.append(latex.write(folder, name, text, title, [note], keyed))
+            flags = ranks.fillna(0).eq(1)
+            ones = {
+                (lab, str(n)): "best" for lab, r in flags.iterrows() for n, hit in r.items() if hit
+            }
+            title = f"{task}: rank by {TITLES[metric].lower()} that the seeds support."
+            written.append(
+                latex.write(
+                    folder, f"{name}_ranks", ranks_markdown(ranks), title, ["Bold: rank 1."], ones
+                )
+            )
+    mrr = report.tables["mrr"]
+    top = mrr["mrr"].max()
+    keyed = {(lab, "MRR"): "best" for lab in mrr.loc[mrr["mrr"] == top, "label"]}
+    title = (
+        "Mean rank per task and mean reciprocal rank (MRR) of exact match past the training length."
+    )
+    written.append(
+        latex.write(
+            folder, "mrr", mrr_markdown(mrr, tasks), title, ["Bold: the highest MRR."], keyed
+        )
+    )
+    if "compare" in report.tables:
+        table = report.tables["compare"]
+        title = f"Mean reciprocal rank (rank), {table.attrs['cite']} and this run."
+        written.append(latex.write(folder, "compare", compare_markdown(table), title))
+    written.append(cost.write_latex(folder, report.frame, report.tables["cost"]))
+    return written
 
 
 def train_lengths(df: pd.DataFrame, tasks: list[str]) -> dict[str, int]:
@@ -148,11 +197,15 @@ def learned_note(stats: pd.DataFrame, train_len: int) -> str:
     )
 
 
-def compare_section(table: pd.DataFrame) -> list[str]:
+def compare_markdown(table: pd.DataFrame) -> str:
     rows = [
         [r.label, f"{r.paper:.2f} ({r.paper_rank})", f"{r.ours:.2f} ({r.ours_rank})"]
         for r in table.itertuples()
     ]
+    return markdown_table(["scheme", "paper", "ours"], rows, "lrr")
+
+
+def compare_section(table: pd.DataFrame) -> list[str]:
     tau = table.attrs["tau"]
     return [
         f"## Compared with {table.attrs['cite']}",
@@ -162,7 +215,7 @@ def compare_section(table: pd.DataFrame) -> list[str]:
         f"Kendall's tau of the two orders: {'–' if pd.isna(tau) else f'{tau:.2f}'} "
         "(1: the same order, -1: reversed).",
         "",
-        markdown_table(["scheme", "paper", "ours"], rows, "lrr"),
+        compare_markdown(table),
         "",
     ]
 
@@ -190,6 +243,7 @@ def task_markdown(root: Path, out: Path, df: pd.DataFrame, report: Report, tasks
         lines += compare_section(report.tables["compare"])
     for task in tasks:
         lines += task_section(report, task, train_lens[task])
+    lines += cost.section(df, report.tables["cost"])
     lines += ["## Figures", ""]
     for metric, path in report.figures.items():
         lines += [f"![{TITLES[metric]} vs length]({os.path.relpath(path, out)})", ""]

@@ -1,0 +1,193 @@
+"""A *board*: one metric's table (label x length, mean [95% interval], the best cell of each
+column and the cells the seeds do not separate from it marked) with its length curves, as the
+site shows it; and the facts about each label the filters and scheme pages use."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from pe_bench.positions import scheme_family
+from pe_bench.report import figures
+from pe_bench.report.best import value_marks
+from pe_bench.report.site import svg
+from pe_bench.report.site.html import Cell, Column, Row, data_json, e, table
+
+KINDS = {"trained": "trained", "eval-time": "eval-time variant", "fine-tuned": "fine-tuned"}
+
+
+@dataclass(frozen=True)
+class Label:
+    """What the site knows of a label: its scheme page, family, kind and curve panel."""
+
+    name: str
+    scheme: str
+    page: str  # the registered name its page is about (a variant's name for a variant)
+    family: str
+    kind: str  # trained, eval-time, fine-tuned or pretrained
+    group: str  # the curve panel it is drawn in
+
+
+def slug(name: str) -> str:
+    """A file name for a scheme page: the registry name, other characters as '-'."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", name)
+
+
+def labels(df: pd.DataFrame) -> dict[str, Label]:
+    """Every label of the records, in the order they hold them."""
+    keys = ["label", "scheme", "variant"] + [k for k in ("finetune", "pretrained") if k in df]
+    found = {}
+    for row in df[keys].drop_duplicates("label").itertuples():
+        tuned = getattr(row, "finetune", None)
+        tuned = tuned if isinstance(tuned, str) and tuned != "none" else ""
+        pretrained = getattr(row, "pretrained", False) is True
+        family = "pretrained" if pretrained else scheme_family(row.scheme)
+        if row.variant != "none":
+            kind, page, group = "eval-time", row.variant, f"{row.scheme} at eval time"
+        else:
+            kind = "fine-tuned" if tuned else ("pretrained" if pretrained else "trained")
+            page, group = row.scheme, family
+        found[row.label] = Label(row.label, row.scheme, page, family, kind, group)
+    return found
+
+
+@dataclass
+class Board:
+    """One metric's numbers: ``stats`` (``aggregate.seed_stats`` rows), the ``pairs`` of
+    paired differences (None: untested), how to print a value, and extra columns."""
+
+    key: str  # unique on its page
+    title: str
+    stats: pd.DataFrame
+    pairs: pd.DataFrame | None
+    fmt: str  # a format for one value, e.g. "{:.2f}"
+    train_len: int
+    y_label: str
+    higher: bool = False
+    log: bool = False
+    bounds: tuple[float, float] | None = None
+    extra: list[tuple[Column, dict[str, Cell]]] = field(default_factory=list)
+
+    @property
+    def lengths(self) -> list[int]:
+        return sorted(int(n) for n in self.stats["eval_len"].unique())
+
+    def head(self, length: int) -> str:
+        return f"{length} ({length / self.train_len:g}x)"
+
+    def text(self, cell: pd.Series) -> str:
+        """``mean [low, high]`` of a stats row, as the report prints it ('–' without one)."""
+        if cell["n"] == 0 or pd.isna(cell["mean"]):
+            return "–"
+        text = self.fmt.format(cell["mean"])
+        if not (pd.isna(cell["ci_low"]) or pd.isna(cell["ci_high"])):
+            text += f" [{self.fmt.format(cell['ci_low'])}, {self.fmt.format(cell['ci_high'])}]"
+        return text
+
+
+def board_table(board: Board, info: dict[str, Label], root: str, facts: bool = True) -> str:
+    """The board's sortable table (with family and kind columns when ``facts``) and, on a board
+    of every label, the data ``site.js`` needs to mark the rows shown."""
+    pairs = board.pairs if board.pairs is not None else pd.DataFrame()
+    marks = value_marks(board.stats, pairs, board.higher) if len(pairs) else {}
+    best = "high" if board.higher else "low"
+    columns = [Column("scheme", "text")]
+    columns += [Column("family", "text"), Column("kind", "text")] if facts else []
+    columns += [Column(board.head(n), best=best, length=n) for n in board.lengths]
+    columns += [col for col, _ in board.extra]
+    rows = []
+    for lab, cells in board.stats.groupby("label", sort=False):
+        about = info[lab]
+        link = f'<a href="{root}schemes/{slug(about.page)}.html">{e(lab)}</a>'
+        row = [Cell(lab, lab, html=link)]
+        if facts:
+            row += [
+                Cell(about.family, about.family),
+                Cell(KINDS.get(about.kind, about.kind), about.kind),
+            ]
+        for cell in cells.itertuples():
+            value = cell.mean if cell.n > 0 else math.nan
+            mark = marks.get((lab, cell.eval_len), "")
+            row.append(Cell(board.text(pd.Series(cell._asdict())), value, mark))
+        row += [cells_by_label.get(lab, Cell()) for _, cells_by_label in board.extra]
+        rows.append(Row(row, {"label": lab, "family": about.family, "kind": about.kind}))
+    html = table(columns, rows, board.key)
+    if board.pairs is None:  # no paired test (passkey) or a part of a board (a scheme page)
+        return html
+    data = {"higher": board.higher, **not_separated(board, pairs)}
+    return html + "\n" + data_json(f"pairs-{board.key}", data)
+
+
+def not_separated(board: Board, pairs: pd.DataFrame) -> dict[str, object]:
+    """The labels of the board, and for each length and label the indices of the labels the
+    seeds do not separate from it (tested pairs only): what ``site.js`` reads."""
+    names = list(dict.fromkeys(board.stats["label"]))
+    index = {lab: i for i, lab in enumerate(names)}
+    found: dict[str, dict[int, list[int]]] = {}
+    tested = pairs[(pairs["n"] >= 2) & ~pairs["separated"].astype(bool)] if len(pairs) else pairs
+    for pair in tested.itertuples():
+        a, b = index[pair.label_a], index[pair.label_b]
+        at = found.setdefault(str(int(pair.eval_len)), {})
+        at.setdefault(a, []).append(b)
+        at.setdefault(b, []).append(a)
+    ties = {n: [sorted(at.get(i, [])) for i in range(len(names))] for n, at in found.items()}
+    return {"labels": names, "ties": dict(sorted(ties.items()))}
+
+
+def board_panels(board: Board, info: dict[str, Label], landmarks: tuple[str, ...] = ()) -> str:
+    """The board's curves: one panel per group of labels (one panel if they fit), a legend
+    under each; ``landmarks`` drawn faintly in the panels that lack them."""
+    stats = board.stats[board.stats["n"] > 0]
+    order = list(dict.fromkeys(stats["label"]))
+    style = figures.styles(order)
+    many = len(order) > figures.MAX_LINES
+    groups: dict[str, list[str]] = {}
+    for lab in order:
+        groups.setdefault(info[lab].group if many else board.title, []).append(lab)
+    values = [
+        v
+        for v in stats[["mean", "ci_low", "ci_high"]].to_numpy().ravel()
+        if v == v and (v > 0 or not board.log)
+    ]
+    bounds = board.bounds or svg.y_range(values or [0.0, 1.0], board.log, None)
+    figures_html = []
+    for name, members in groups.items():
+        lines = [series(board, stats, lab, style[lab]) for lab in members]
+        lines += [
+            series(board, stats, lab, style[lab], faint=True)
+            for lab in landmarks
+            if lab in order and lab not in members
+        ]
+        picture = svg.panel(
+            lines,
+            board.lengths,
+            board.train_len,
+            "evaluation length (tokens, log2 scale)",
+            board.y_label,
+            board.log,
+            bounds,
+        )
+        legend = "".join(
+            f'<li data-label="{e(lab)}"><span class="sw" style="background:{style[lab].color}">'
+            f"</span>{e(lab)}</li>"
+            for lab in members
+        )
+        figures_html.append(
+            f'<figure class="panel"><figcaption>{e(name)}</figcaption>{picture}'
+            f'<ul class="legend">{legend}</ul></figure>'
+        )
+    return '<div class="panels">' + "\n".join(figures_html) + "</div>"
+
+
+def series(
+    board: Board, stats: pd.DataFrame, lab: str, style: figures.Style, faint: bool = False
+) -> svg.Series:
+    """A label's line: a point per length with a number, its hover text naming all."""
+    points = []
+    for cell in stats[stats["label"] == lab].itertuples():
+        tip = f"{lab} · {board.head(int(cell.eval_len))}: {board.text(pd.Series(cell._asdict()))}"
+        points.append(svg.Point(int(cell.eval_len), cell.mean, cell.ci_low, cell.ci_high, tip))
+    return svg.Series(lab, style.color, style.linestyle, points, faint)

@@ -1,0 +1,323 @@
+"""The pages of a report's leaderboard site: the index (filters, the leaderboard, its curves,
+cost, passkey or the synthetic tasks, the scheme list, provenance) and ``write_site``."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import pandas as pd
+
+from pe_bench.errors import UserError
+from pe_bench.records import atomic_write_bytes, atomic_write_text
+from pe_bench.report import aggregate, cost
+from pe_bench.report.best import score_marks
+from pe_bench.report.figures import LANDMARKS, TITLES, YLABELS
+from pe_bench.report.inputs import Report, commands
+from pe_bench.report.markdown import FORMATS, caption
+from pe_bench.report.passkey import accuracy_table, passkey_rows
+from pe_bench.report.sections import provenance_markdown, summary_markdown, trained_models
+from pe_bench.report.site import boards, schemes
+from pe_bench.report.site.boards import KINDS, Board, Label, board_panels, board_table
+from pe_bench.report.site.costs import beside, cost_table
+from pe_bench.report.site.html import (
+    GENERATOR,
+    Cell,
+    Column,
+    Row,
+    bullets,
+    e,
+    page,
+    paragraph,
+    section,
+    table,
+)
+from pe_bench.report.site.tasks import mrr_table, task_boards, task_sections
+from pe_bench.report.site.tasks import summary as task_summary
+from pe_bench.report.tasks import provenance as task_provenance
+
+ASSETS = ("site.css", "site.js")
+
+
+def filters(info: dict[str, Label], lengths: list[int], train_len: int | None) -> str:
+    """The filter bar: family, kind, one length, and what to mark "not separated" from."""
+
+    def select(name: str, title: str, options: list[tuple[str, str]]) -> str:
+        items = "".join(f'<option value="{e(v)}">{e(t)}</option>' for v, t in options)
+        return f'<label>{e(title)} <select data-filter="{name}">{items}</select></label>'
+
+    families = sorted({lab.family for lab in info.values()})
+    kinds = [k for k in (*KINDS, "pretrained") if any(lab.kind == k for lab in info.values())]
+    return (
+        '<form class="filters" onsubmit="return false">'
+        + select("family", "family", [("", "all"), *((f, f) for f in families)])
+        + select("kind", "kind", [("", "all"), *((k, KINDS.get(k, k)) for k in kinds)])
+        + select(
+            "length", "length", [("", "all"), *((str(n), multiple(n, train_len)) for n in lengths)]
+        )
+        + select(
+            "ref",
+            "mark not separated from",
+            [("", "the best shown"), *((lab, lab) for lab in info)],
+        )
+        + "</form>"
+    )
+
+
+def multiple(length: int, train_len: int | None) -> str:
+    return f"{length} ({length / train_len:g}x)" if train_len else str(length)
+
+
+def legend_text(higher: bool) -> str:
+    best = "highest" if higher else "lowest"
+    return (
+        f"**Bold**: the {best} mean of each column among the rows shown (or the scheme chosen "
+        "above); underlined with ≈: the seeds do not separate it from that one (the 95% "
+        "t-interval of their difference, paired over seeds, includes 0). Click a column "
+        "heading to sort by it (best first, again to reverse); hover a curve for its values."
+    )
+
+
+def perplexity_index(
+    report: Report, name: str, info: dict[str, Label], root: Path
+) -> tuple[str, list[Board]]:
+    """The index of a perplexity report, and its boards (for the scheme pages)."""
+    df, opts, tables = report.frame, report.options, report.tables
+    metric, stats = opts.metric, tables[opts.metric]
+    train_len = int(df["train_len"].dropna().iloc[0])
+    board = Board(
+        "main",
+        TITLES[metric],
+        stats,
+        tables["pairwise"],
+        FORMATS[metric],
+        train_len,
+        YLABELS[metric],
+        log=metric == "ppl",
+    )
+    board.extra = [score_column(tables), *beside(tables["cost"], board.lengths)]
+    boards_ = [board]
+    parts = [
+        f"<h1>Length extrapolation leaderboard: {e(name)}</h1>",
+        paragraph(summary_markdown(df, trained_models(df), opts, stats), "lead"),
+        toc(
+            [
+                "leaderboard",
+                "curves",
+                "cost",
+                *(["passkey"] if passkey_present(report) else []),
+                "schemes",
+                "about",
+            ]
+        ),
+        filters(info, board.lengths, train_len),
+        section(
+            "leaderboard",
+            f"{TITLES[metric]} by evaluation length",
+            paragraph(caption(stats, metric, df)[0].upper() + caption(stats, metric, df)[1:] + "."),
+            board_table(board, info, ""),
+            paragraph(legend_text(False), "note"),
+            caveats(df),
+        ),
+        section(
+            "curves", f"{TITLES[metric]} vs evaluation length", board_panels(board, info, LANDMARKS)
+        ),
+        cost_section(report, info),
+    ]
+    if passkey_present(report):
+        key = passkey_board(report)
+        boards_.append(key)
+        parts.append(
+            section(
+                "passkey",
+                "Passkey retrieval",
+                paragraph(PASSKEY),
+                board_table(key, info, ""),
+                board_panels(key, info),
+            )
+        )
+    parts += [scheme_list(info), about(report, root)]
+    return "\n".join(parts), boards_
+
+
+def score_column(tables: dict[str, pd.DataFrame]) -> tuple[Column, dict[str, Cell]]:
+    """The extrapolation score beside the lengths: mean [CI], marked like a length."""
+    scores = tables["score"]
+    marks = score_marks(scores, tables["score_pairwise"])
+    fmt = f"{{:.{aggregate.SCORE_DIGITS}f}}"
+    cells = {}
+    for s in scores.itertuples():
+        text = "–" if pd.isna(s.score) else fmt.format(s.score)
+        if s.n > 1:
+            text += f" [{fmt.format(s.ci_low)}, {fmt.format(s.ci_high)}]"
+        cells[s.label] = Cell(text, s.score, marks.get(s.label, ""))
+    title = "mean NLL over the lengths per run, then over seeds; lower is better"
+    return Column("score", title=title), cells
+
+
+def cost_section(report: Report, info: dict[str, Label]) -> str:
+    """The cost table, sortable and filtered like the leaderboard, with its notes."""
+    notes = cost.cost_notes(report.frame, report.tables["cost"])
+    body = cost_table(report.tables["cost"], info, "cost")
+    return section("cost", "Cost", body, *(paragraph(n, "note") for n in notes))
+
+
+def caveats(df: pd.DataFrame) -> str:
+    noted = aggregate.caveats(df)
+    if not noted:
+        return ""
+    return (
+        '<div class="caveats"><h3>Caveats</h3>'
+        + bullets([f"**{lab}**: {text}." for lab, text in noted.items()])
+        + "</div>"
+    )
+
+
+PASSKEY = (
+    "Mohtashami & Jaggi (2023): a key from 1 to 50000 hidden in filler text at a random "
+    "depth, greedy decoding, exact match. Accuracy over trials with its 95% Wilson interval, "
+    "per target prompt length; every label answers the same prompts."
+)
+
+
+def passkey_present(report: Report) -> bool:
+    return not passkey_rows(report.records).empty if len(report.records) else False
+
+
+def passkey_board(report: Report) -> Board:
+    """Passkey accuracy per label and length as a board (trials pooled, no paired test)."""
+    rows = passkey_rows(report.records)
+    acc = accuracy_table(rows).rename(columns={"trials": "n", "acc": "mean"})
+    train_len = int(rows["train_len"].iloc[0])
+    return Board(
+        "passkey",
+        "Passkey accuracy",
+        acc,
+        None,
+        "{:.2f}",
+        train_len,
+        "accuracy",
+        higher=True,
+        bounds=(0.0, 1.0),
+    )
+
+
+def toc(anchors: list[str]) -> str:
+    return '<nav class="toc">' + " · ".join(f'<a href="#{a}">{a}</a>' for a in anchors) + "</nav>"
+
+
+def scheme_list(info: dict[str, Label]) -> str:
+    """Every scheme page with its family and the labels on it."""
+    pages: dict[str, list[Label]] = {}
+    for lab in info.values():
+        pages.setdefault(lab.page, []).append(lab)
+    rows = []
+    for page_name, labs in pages.items():
+        link = f'<a href="schemes/{boards.slug(page_name)}.html">{e(page_name)}</a>'
+        kinds = ", ".join(dict.fromkeys(KINDS.get(lab.kind, lab.kind) for lab in labs))
+        cells = [
+            Cell(page_name, page_name, html=link),
+            Cell(labs[0].family, labs[0].family),
+            Cell(kinds, kinds),
+        ]
+        cells.append(Cell(", ".join(lab.name for lab in labs), ", ".join(lab.name for lab in labs)))
+        rows.append(
+            Row(cells, {"label": labs[0].name, "family": labs[0].family, "kind": labs[0].kind})
+        )
+    columns = [
+        Column("scheme", "text"),
+        Column("family", "text"),
+        Column("kind", "text"),
+        Column("labels", "text"),
+    ]
+    return section("schemes", "Schemes", table(columns, rows, "schemes"))
+
+
+def about(report: Report, root: Path) -> str:
+    """Provenance and the commands that made the records."""
+    df = report.frame
+    lines = [
+        line[2:] for line in provenance_markdown(df, trained_models(df)) if line.startswith("- ")
+    ]
+    found = commands(Path(root))
+    code = "".join(f"{e(c)}\n" for c in found) or "# unknown\n"
+    return section(
+        "about",
+        "Provenance",
+        bullets(lines),
+        "<p>The runs' commands:</p>",
+        f"<pre><code>{code}</code></pre>",
+    )
+
+
+MRR = (
+    "As Kazemnejad et al. (2023) summarise: for each task and seed, schemes ranked by exact "
+    "match averaged over the lengths beyond the training length (ties share the better rank), "
+    "then 1/rank averaged over the (task, seed) cells (n). A point ranking: each task's table "
+    "says which differences the seeds support."
+)
+
+
+def task_index(report: Report, name: str, info: dict[str, Label]) -> tuple[str, list[Board]]:
+    """The index of a synthetic-task report, and its boards."""
+    found = task_boards(report)
+    lengths = sorted({n for board in found for n in board.lengths})
+    anchors = ["mrr", *(f"task-{t}" for t in report.tasks), "cost", "schemes", "about"]
+    provenance = [
+        line[2:] for line in task_provenance(report.frame, report.tasks) if line.startswith("- ")
+    ]
+    parts = [
+        f"<h1>Synthetic task leaderboard: {e(name)}</h1>",
+        paragraph(task_summary(report), "lead"),
+        toc(anchors),
+        filters(info, lengths, None),
+        paragraph(legend_text(True), "note"),
+        section("mrr", "Mean reciprocal rank over tasks", paragraph(MRR), mrr_table(report, info)),
+        *task_sections(report, found, info),
+        cost_section(report, info),
+        scheme_list(info),
+        section("about", "Provenance", bullets(provenance)),
+    ]
+    return "\n".join(parts), found
+
+
+def prepare(out: Path, keep: set[str]) -> None:
+    """Make ``out`` ready for the site: a new or empty folder, or an earlier pe-bench site
+    (its scheme pages that this one does not write are removed); anything else is refused."""
+    if not out.exists() or not any(out.iterdir()):
+        return
+    index = out / "index.html"
+    if not index.is_file() or f'content="{GENERATOR}"' not in index.read_text(errors="replace"):
+        raise UserError(
+            f"{out} is not empty and holds no pe-bench site; give --site a new or empty folder"
+        )
+    for stale in sorted((out / "schemes").glob("*.html")):
+        if f"schemes/{stale.name}" not in keep:
+            stale.unlink()
+
+
+def write_site(report: Report, root: Path, out: Path) -> Path:
+    """Write the leaderboard site of ``report`` (made from the records under ``root``) into
+    ``out``: index.html, a page per scheme under schemes/, assets/site.css and site.js.
+    Returns the index's path. The pages depend only on the records and the code's docstrings
+    (no dates), so a committed site regenerates byte for byte."""
+    name = Path(root).resolve().name
+    info = boards.labels(report.frame)
+    if report.tasks:
+        body, found = task_index(report, name, info)
+    else:
+        body, found = perplexity_index(report, name, info, root)
+    files = {"index.html": page(f"pe-bench leaderboard: {name}", body, "", name)}
+    by_page: dict[str, list[Label]] = {}
+    for lab in info.values():
+        by_page.setdefault(lab.page, []).append(lab)
+    for page_name, labs in by_page.items():
+        text = schemes.scheme_page(page_name, labs, found, report, info, name)
+        files[f"schemes/{boards.slug(page_name)}.html"] = text
+    prepare(out, set(files))
+    for rel, text in files.items():
+        atomic_write_text(out / rel, text)
+    static = resources.files("pe_bench.report.site").joinpath("static")
+    for asset in ASSETS:
+        atomic_write_bytes(out / "assets" / asset, static.joinpath(asset).read_bytes())
+    return out / "index.html"

@@ -1,0 +1,91 @@
+"""The index of a synthetic-task report's site: the mean reciprocal rank over tasks, then per
+task its exact-match and token-accuracy boards (tables and curves), cost and provenance."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from pe_bench.data.tasks import TASKS
+from pe_bench.report.inputs import Report
+from pe_bench.report.markdown import FORMATS, distinct
+from pe_bench.report.site.boards import Board, Label, board_panels, board_table
+from pe_bench.report.site.html import Cell, Column, Row, e, paragraph, section, table
+from pe_bench.report.tasks import learned_note, train_lengths
+
+TITLES = {"exact_match": "Exact match", "token_acc": "Token accuracy"}
+
+
+def task_boards(report: Report) -> list[Board]:
+    """Each task's exact-match and token-accuracy boards (higher is better, 0 to 1)."""
+    found = []
+    lengths = train_lengths(report.frame, report.tasks)
+    for task in report.tasks:
+        for metric, title in TITLES.items():
+            name = f"{task}_{metric}"
+            found.append(
+                Board(
+                    name,
+                    f"{task}: {title.lower()}",
+                    report.tables[name],
+                    report.tables[f"{name}_pairwise"],
+                    FORMATS[metric],
+                    lengths[task],
+                    title.lower(),
+                    higher=True,
+                    bounds=(0.0, 1.0),
+                )
+            )
+    return found
+
+
+def mrr_table(report: Report, info: dict[str, Label]) -> str:
+    """The mean reciprocal rank over tasks, sortable; the highest MRR in bold."""
+    mrr, tasks = report.tables["mrr"], report.tasks
+    top = mrr["mrr"].max()
+    columns = [Column("scheme", "text"), *(Column(f"rank: {t}") for t in tasks)]
+    columns += [Column("MRR", best="high"), Column("n", "")]
+    rows = []
+    for _, row in mrr.iterrows():
+        lab = info[row["label"]]
+        cells = [Cell(lab.name, lab.name)]
+        cells += [Cell("–" if pd.isna(row.get(t)) else f"{row[t]:.2g}", row.get(t)) for t in tasks]
+        mark = "best" if row["mrr"] == top else ""
+        cells += [Cell(f"{row['mrr']:.2f}", row["mrr"], mark), Cell(str(row["n"]))]
+        rows.append(Row(cells, {"label": lab.name, "family": lab.family, "kind": lab.kind}))
+    return table(columns, rows, "mrr")
+
+
+def task_sections(report: Report, found: list[Board], info: dict[str, Label]) -> list[str]:
+    """One section per task: what it is, whether it was learned, its two boards."""
+    parts = []
+    for task in report.tasks:
+        doc = (TASKS[task].__doc__ or "").strip().split("\n\n")[0] if task in TASKS else task
+        mine = [
+            b
+            for b in found
+            if b.key.startswith(f"{task}_") and b.key.removeprefix(f"{task}_") in TITLES
+        ]
+        body = [
+            paragraph(" ".join(doc.split())),
+            paragraph(learned_note(mine[0].stats, mine[0].train_len)),
+        ]
+        for board in mine:
+            body += [f"<h3>{e(board.title)}</h3>", board_table(board, info, "")]
+        body.append(
+            '<div class="panels">' + "".join(board_panels(b, info) for b in mine) + "</div>"
+        )
+        parts.append(section(f"task-{task}", task, *body))
+    return parts
+
+
+def summary(report: Report) -> str:
+    df = report.frame
+    runs = df.drop_duplicates("run_id")
+    return (
+        f"{len(runs)} trained models ({', '.join(dict.fromkeys(runs['scheme']))}; seeds "
+        f"{distinct(runs, 'seed')}) on {len(report.tasks)} synthetic tasks "
+        f"({', '.join(report.tasks)}), each trained on inputs up to its training length and "
+        "scored on the same instances at every input length. Exact match: the share of "
+        "instances whose every answer token is the top prediction; token accuracy: the share "
+        "of answer tokens. Higher is better; cells are means over seeds [95% t-interval]."
+    )

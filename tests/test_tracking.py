@@ -56,4 +56,5 @@ def test_offline_sweep_logs_curves_records_and_report(tmp_path):
     images = sorted(p.name.split("_")[0] for p in report_run.glob("files/media/images/figures/*"))
     assert images == ["curves", "length", "positions", "ratio"]
     tables = sorted(p.name.split("_")[0] for p in report_run.glob("files/media/table/tables/*"))
-    assert tables == ["bpb", "nll", "pairwise", "ppl", "ranks", "ratio", "score"]
+    # score twice: the scores and their paired differences (score_pairwise)
+    assert tables == ["bpb", "cost", "nll", "pairwise", "ppl", "ranks", "ratio", "score", "score"]

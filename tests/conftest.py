@@ -31,6 +31,27 @@ def seed() -> None:
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def unrendered_figures(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fast-lane tests check what a report says and which files it writes, not how its
+    figures render: there each figure is built whole (its data, axes and artists) but not
+    drawn, and its PNG is an empty file (drawing is 60% of a small report's time, at any
+    resolution). Tests marked ``real_figures`` or ``slow`` (test_plots.py, the committed
+    reports' regeneration) and every ``pe-bench`` process a test starts draw and save figures
+    as a report does."""
+    if request.node.get_closest_marker("real_figures") or request.node.get_closest_marker("slow"):
+        return
+    from pe_bench.records import atomic_write_text
+    from pe_bench.report import figures
+
+    def save(fig, folder: Path, name: str) -> Path:
+        png = folder / f"{name}.png"
+        atomic_write_text(png, "")
+        return png
+
+    monkeypatch.setattr(figures, "save", save)
+
+
 @pytest.fixture
 def dims() -> ModelDims:
     return ModelDims(d_model=32, num_heads=4, head_dim=8, num_layers=2, train_len=16)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from PIL import Image
 
@@ -139,6 +140,7 @@ def test_heatmap_annotates_every_cell():
     assert texts == ["1.00", f"{2.0 / 0.9:.2f}", "1.00", f"{1.5 / 1.2:.2f}"]  # rope, alibi
 
 
+@pytest.mark.real_figures
 def test_saved_figures_are_valid_and_byte_stable(tmp_path):
     stats = aggregate.seed_stats(prepared(three_seeds()), "bpb")
     style = figures.styles(["rope", "alibi"])

@@ -302,6 +302,7 @@ def test_every_report_file_replaces_the_old_one_whole(tmp_path, monkeypatch):
     assert all(folder == dst.parent for folder, dst in replaced)
 
 
+@pytest.mark.real_figures
 def test_a_figure_that_fails_midway_leaves_the_old_one(tmp_path, monkeypatch):
     """A figure save that dies halfway through (a kill, a full disk) used to leave a truncated
     PNG in place of the good one."""

@@ -99,8 +99,10 @@ def parsed_overrides(lines: list[str]) -> list[Override]:
                 f"override {override.input_line!r} has no key; allowed: key=value, e.g. "
                 "train.lr=3e-4"
             )
+        if override.is_delete():  # ~key: no value to lose
+            continue
         key = override.get_key_element().lstrip("+~")
-        if key in seen and not override.is_delete():
+        if key in seen:
             raise UserError(
                 f"{key} is given twice ({seen[key]} and {override.input_line}); allowed: one "
                 f"value, or a sweep of both: -m {key}={_values(seen[key], override.input_line)}"

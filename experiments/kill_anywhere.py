@@ -360,10 +360,10 @@ def main(argv: list[str] | None = None) -> int:
         work = args.work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
         summary = run_trials(work, args.trials, args.seed, echo=True)
-        together = kill_together.run_trials(work / "together", counts, args.seed, echo=True)
+        together, kinds = kill_together.run_trials(work / "together", counts, args.seed, True)
     text = markdown(summary, args.seed, time.perf_counter() - started)
     if together:
-        text += "\n".join(kill_together.markdown(together))
+        text += "\n".join(kill_together.markdown(together, kinds))
     atomic_write_text(args.out / "trials.md", text)
     print(text)
     return 1 if summary.mismatches or any(t.mismatches for t in together) else 0

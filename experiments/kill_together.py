@@ -321,17 +321,20 @@ def placed(folder: Path) -> Path:
     return folder / "placed"
 
 
-def run_trials(work: Path, counts: dict[str, int], seed: int, echo: bool = False) -> list[Trial]:
-    """``counts[kind]`` trials of each kind under ``work``; what they found."""
+def run_trials(
+    work: Path, counts: dict[str, int], seed: int, echo: bool = False
+) -> tuple[list[Trial], list[Kind]]:
+    """``counts[kind]`` trials of each kind under ``work``: what they found, and the kinds
+    (their references' phases)."""
     rng = random.Random(seed)
-    trials = []
-    for kind in kinds(work, counts):
+    trials, made = [], kinds(work, counts)
+    for kind in made:
         run = killed_then_rerun if kind.name == "place" else pair
         for number in range(1, counts.get(kind.name, 0) + 1):
             trials.append(run(kind, number, work, rng))
             if echo:
                 print(row(trials[-1]), flush=True)
-    return trials
+    return trials, made
 
 
 def row(t: Trial) -> str:
@@ -339,7 +342,7 @@ def row(t: Trial) -> str:
     return f"| {t.kind} | {t.number} | {'; '.join(t.events)} | {verdict} |"
 
 
-def markdown(trials: list[Trial], kinds_run: list[Kind] | None = None) -> list[str]:
+def markdown(trials: list[Trial], kinds_run: list[Kind]) -> list[str]:
     """The section of results/kill_anywhere/trials.md on these trials."""
     bad = [t for t in trials if t.mismatches]
     exits = sum(e.endswith("exit 0") for t in trials for e in t.events)
@@ -354,9 +357,9 @@ def markdown(trials: list[Trial], kinds_run: list[Kind] | None = None) -> list[s
         f" uninterrupted run; {exits} exits with status 0, each with its report and records"
         f" there; {lost} reports lost",
     ]
-    for kind in kinds_run or []:
+    for kind in kinds_run:
         shown = ", ".join(f"{n} {a:.1f}-{b:.1f} s" for n, a, b in kind.phases)
-        lines.append(f"- {kind.name} reference phases: {shown}")
+        lines.append(f"- {kind.name}: the reference run's phases: {shown}")
     lines += [
         f"- commands: `pe-bench-place my_pe --onto <committed> --plugin my_pe --out"
         f" <trial>/placed` and `pe-bench {' '.join(SWEEP)} out_root=<trial>`",

@@ -142,7 +142,8 @@ def check_read(overrides: list[Override], cfg: DictConfig) -> None:
     scheme, fine-tune, training key or tokenizer given to a pretrained model (``model=hf``),
     and ``data.vocab_size`` without ``data.tokenizer=bpe``."""
     pretrained = OmegaConf.select(cfg, "model.source", default=None) == PRETRAINED
-    bpe = OmegaConf.select(cfg, "data.tokenizer", default=None) == BPE
+    swept = [o for o in overrides if o.key_or_group == "data.tokenizer" and o.is_sweep_override()]
+    bpe = bool(swept) or OmegaConf.select(cfg, "data.tokenizer", default=None) == BPE
     for override in overrides:
         if override.is_delete():
             continue

@@ -4,10 +4,11 @@ processes on one folder at once, one of them sometimes killed.
 Three kinds of trial, each against an uninterrupted run of the same command (its reference):
 
 - ``place``: ``pe-bench-place my_pe --onto <committed> --out <trial>/placed`` SIGKILLed (its
-  process group: the placement and the sweep it started) after a random delay, a third of the
-  trials twice, then rerun to its end.
+  process group: the placement and the sweep it started), in half the trials as soon as its
+  temporary copy appears (during the copy), else after a random delay, a third of the trials
+  a second time after a random delay, then rerun to its end.
 - ``place-pair``: the same placement started twice at once into one ``--out``; in half the
-  trials one of the two is SIGKILLed at a random moment and rerun after.
+  trials one of the two is SIGKILLed (half of those during the copy) and rerun after.
 - ``sweep-pair``: ``pe-bench -m pe=alibi,nope,rope`` started twice at once into one folder;
   in half the trials one of the two is SIGKILLed and rerun after.
 
@@ -23,12 +24,14 @@ each line), then a moment in it.
 
 The committed folder is a tiny sweep (rope and alibi, seeds 0 and 1, checkpoints removed as in
 a committed folder) padded with ``PADDING_FILES`` files of ``PADDING_BYTES`` bytes in all,
-results/zoo's size, which no report reads: its copy lasts about as long as one of results/zoo
-(0.4 s here), so that a kill can land in it.
+results/zoo's size, which no report reads: its copy then takes as long as one of results/zoo
+(a few hundredths of a second from the page cache, more from disk), long enough for a kill
+triggered by the temporary copy's appearance (polled every millisecond) to land in it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import random
@@ -70,6 +73,7 @@ PHASES = [
     (r"all \d+ records are there", "job found"),
     (r"another pe-bench run holds it", "waiting"),
     (r"sweep: \d+/\d+ jobs done", "between jobs"),
+    (r"sweep: (\d+)/\1 jobs done", "report"),
     (r"^report: |pe-bench-place: my_pe beside", "ended"),
 ]
 
@@ -239,30 +243,50 @@ def finish(kind: Kind, folder: Path, run: Run, result: Trial, who: str) -> None:
         result.mismatches += [f"{who} exited 0 with {p}" for p in check_outputs(kind, folder)]
 
 
+def kill(run: Run, kind: Kind, folder: Path, rng: random.Random, in_copy: bool) -> str:
+    """SIGKILL ``run`` as soon as the placement's temporary copy (``.placed.copy-*``) appears
+    (``in_copy``: the copy lasts a fraction of a second, too short to hit with a delay), else
+    at a random moment of the reference's phases; what happened, for the table."""
+    if in_copy:
+        while not (copies := list(folder.glob(".placed.copy-*"))):
+            if run.proc.poll() is not None:
+                return "ended before a copy began"
+            time.sleep(0.001)
+        run.kill()
+        if not copies[0].exists():
+            return "killed as its copy ended (renamed)"
+        done = sum(1 for p in copies[0].rglob("*") if p.is_file())
+        total = sum(1 for p in kind.reference.rglob("*") if p.is_file())
+        return f"killed in the copy ({done} files copied, of about {total})"
+    wait = delay(kind, rng)
+    try:
+        run.proc.wait(timeout=max(wait - (time.time() - run.started), 0.0))
+        return f"ended before the kill at {wait:.2f} s"
+    except subprocess.TimeoutExpired:
+        return f"killed at {wait:.2f} s ({run.kill()})"
+
+
 def killed_then_rerun(kind: Kind, number: int, work: Path, rng: random.Random) -> Trial:
-    """A ``place`` trial: kill the command once (a third of the time twice), rerun it."""
+    """A ``place`` trial: kill the command once (a third of the time twice; the first kill in
+    half the trials during the copy), rerun it."""
     folder, log = work / f"{kind.name}-{number:02d}", work / f"{kind.name}-{number:02d}.log"
     folder.mkdir(parents=True)
     result = Trial(kind.name, number)
-    kills = 2 if rng.random() < 1 / 3 else 1
-    for _ in range(kills):
-        wait = delay(kind, rng)
+    in_copy = rng.random() < 1 / 2
+    for _ in range(2 if rng.random() < 1 / 3 else 1):
         run = Run(kind.command(folder), log, environment())
-        try:
-            run.proc.wait(timeout=wait)
-            result.events.append(f"ended before the kill at {wait:.2f} s")
-        except subprocess.TimeoutExpired:
-            result.events.append(f"killed at {wait:.2f} s ({run.kill()})")
-    finish(
-        kind, kind.outputs(folder), Run(kind.command(folder), log, environment()), result, "rerun"
-    )
+        result.events.append(kill(run, kind, folder, rng, in_copy))
+        in_copy = False  # the copy is made once: a later kill lands elsewhere
+    rerun = Run(kind.command(folder), log, environment())
+    finish(kind, kind.outputs(folder), rerun, result, "rerun")
     compared(kind, folder, result)
     return result
 
 
 def pair(kind: Kind, number: int, work: Path, rng: random.Random) -> Trial:
     """A ``*-pair`` trial: the command twice at once (the second 0-1 s after the first); in
-    half the trials one of them is killed at a random moment, then rerun."""
+    half the trials one of them is killed (a placement's, half the time, as its copy begins),
+    then rerun."""
     folder, log = work / f"{kind.name}-{number:02d}", work / f"{kind.name}-{number:02d}.log"
     folder.mkdir(parents=True)
     result = Trial(kind.name, number)
@@ -274,15 +298,11 @@ def pair(kind: Kind, number: int, work: Path, rng: random.Random) -> Trial:
     runs = {"first": first, "second": second}
     victim = rng.choice(["first", "second"]) if rng.random() < 0.5 else None
     if victim is not None:
-        wait = delay(kind, rng)
-        run = runs[victim]
-        left = wait - (time.time() - run.started)
-        try:
-            run.proc.wait(timeout=max(left, 0.0))
-            result.events.append(f"{victim} ended before the kill at {wait:.2f} s")
+        in_copy = kind.name.startswith("place") and rng.random() < 1 / 2
+        what = kill(runs[victim], kind, folder, rng, in_copy)
+        result.events.append(f"{victim} {what}")
+        if not what.startswith("killed"):
             victim = None
-        except subprocess.TimeoutExpired:
-            result.events.append(f"{victim} killed at {wait:.2f} s ({run.kill()})")
     for who, run in runs.items():
         if who != victim:
             finish(kind, kind.outputs(folder), run, result, who)
@@ -305,11 +325,14 @@ def compared(kind: Kind, folder: Path, result: Trial) -> None:
 def kinds(work: Path, counts: dict[str, int]) -> list[Kind]:
     """The references of the kinds with trials (the committed folder made first)."""
     wanted = [name for name in ("place", "place-pair", "sweep-pair") if counts.get(name)]
+    work.mkdir(parents=True, exist_ok=True)
     committed = make_committed(work) if {"place", "place-pair"} & set(wanted) else None
-    made = []
+    made: list[Kind] = []
     for name in wanted:
         if name == "sweep-pair":
             made.append(reference(name, work, sweep_command, lambda f: f / "default"))
+        elif made and made[-1].name == "place":  # the same command: the same reference
+            made.append(dataclasses.replace(made[-1], name=name))
         else:
             made.append(
                 reference(name, work, lambda f: place_command(committed, f / "placed"), placed)

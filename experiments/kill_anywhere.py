@@ -39,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import kill_together
 import torch
 
 from pe_bench.records import atomic_write_text, device_name, git_sha, read_jsonl
@@ -224,7 +225,7 @@ def same_file(rel: Path, ref: Path, got: Path, rename: tuple[str, str]) -> bool:
         return strip == [{k: v for k, v in r.items() if k not in IGNORED} for r in read_jsonl(ref)]
     if rel.suffix == ".pt":
         return same_checkpoint(ref, got)
-    if rel.suffix in (".png", ".pdf"):
+    if rel.suffix in (".png", ".pdf", ".bin"):  # .bin: kill_together.py's padding
         return ref.read_bytes() == got.read_bytes()
     text = got.read_text().replace(*rename)
     if rel.name in ("report.md", "cost.md"):
@@ -250,13 +251,18 @@ def compare(ref_root: Path, got_root: Path) -> list[str]:
     ref, got = job_folder(ref_root), job_folder(got_root)
     if ref.name != got.name:
         return [f"job folder {got.name} is not {ref.name}"]
+    return compare_folders(ref, got, (str(got_root), str(ref_root)))
+
+
+def compare_folders(ref: Path, got: Path, rename: tuple[str, str]) -> list[str]:
+    """What differs between folder ``got`` and ``ref``, file by file (``same_file``), after
+    ``rename`` in text files; ``NOT_COMPARED`` names are left out wherever they are."""
     files = {}
     for root in (ref, got):
-        files[root] = {p.relative_to(root) for p in root.rglob("*") if p.is_file()}
-        files[root] -= {Path(n) for n in NOT_COMPARED}
+        found = {p.relative_to(root) for p in root.rglob("*") if p.is_file()}
+        files[root] = {p for p in found if p.name not in NOT_COMPARED}
     problems = [f"missing {p}" for p in sorted(files[ref] - files[got])]
     problems += [f"extra {p}" for p in sorted(files[got] - files[ref])]
-    rename = (str(got_root), str(ref_root))
     for rel in sorted(files[ref] & files[got]):
         if not same_file(rel, ref / rel, got / rel, rename):
             problems.append(f"{rel} differs")
@@ -337,19 +343,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=24)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--place-trials", type=int, default=0, help="kill_together.py's")
+    parser.add_argument("--place-pair-trials", type=int, default=0)
+    parser.add_argument("--sweep-pair-trials", type=int, default=0)
     parser.add_argument("--out", type=Path, default=OUT, help="where the table is written")
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: temp)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    counts = {
+        "place": args.place_trials,
+        "place-pair": args.place_pair_trials,
+        "sweep-pair": args.sweep_pair_trials,
+    }
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kill_anywhere-") as scratch:
         work = args.work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
         summary = run_trials(work, args.trials, args.seed, echo=True)
+        together, kinds = kill_together.run_trials(work / "together", counts, args.seed, True)
     text = markdown(summary, args.seed, time.perf_counter() - started)
+    if together:
+        text += "\n".join(kill_together.markdown(together, kinds))
     atomic_write_text(args.out / "trials.md", text)
     print(text)
-    return 1 if summary.mismatches else 0
+    return 1 if summary.mismatches or any(t.mismatches for t in together) else 0
 
 
 if __name__ == "__main__":

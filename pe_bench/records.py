@@ -97,7 +97,8 @@ def bits_per_byte(nll: float, bytes_per_token: float = 1.0) -> float:
 def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Call ``write`` on a binary file that then replaces ``path`` whole, so that readers see
     the old file or the new one: a unique temporary file beside it (two writers never share
-    one), flushed to disk, then ``os.replace``; removed if anything fails or interrupts."""
+    one), flushed to disk, then ``os.replace``; removed if anything fails or interrupts. An
+    ``OSError`` names ``path`` (a write that fails on a full disk names no file of its own)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -107,9 +108,19 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        cause = _os_error(err)  # torch.save's RuntimeError on a full disk hides an OSError
+        if cause is not None and cause.filename is None:
+            raise OSError(cause.errno, cause.strerror or str(cause), str(path)) from err
         raise
+
+
+def _os_error(err: BaseException | None) -> OSError | None:
+    """``err`` if it is an ``OSError``, else the one it was raised while handling."""
+    while err is not None and not isinstance(err, OSError):
+        err = err.__context__
+    return err
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

@@ -165,12 +165,23 @@ def compose(*overrides: str, hydra: bool = False) -> DictConfig:
         GlobalHydra.instance().clear()
 
 
+def overridden(*args: str) -> list[str]:
+    """``args`` where a key given again (``*TINY, "eval.factors=[1,2]"``) replaces its earlier
+    value in place: pe-bench refuses a key given twice, and tests add to ``TINY``."""
+    merged: dict[str, str] = {}
+    for arg in args:
+        key = arg.split("=", 1)[0].lstrip("+~") if "=" in arg and arg[0] != "-" else arg
+        merged[key] = arg
+    return list(merged.values())
+
+
 def pe_bench(
     *args: str, out: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    """The ``pe-bench`` console entry point in a subprocess, writing under ``out``."""
+    """The ``pe-bench`` console entry point in a subprocess, writing under ``out``; ``args``
+    given again replace earlier ones (``overridden``)."""
     return subprocess.run(
-        [sys.executable, "-m", "pe_bench.cli", *args, f"out_root={out}"],
+        [sys.executable, "-m", "pe_bench.cli", *overridden(*args, f"out_root={out}")],
         capture_output=True,
         text=True,
         env={**os.environ, "HYDRA_FULL_ERROR": "0", **(env or {})},

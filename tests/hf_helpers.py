@@ -33,10 +33,10 @@ def tiny_tokenizer():
     )
 
 
-def tiny_checkpoint(arch: str, folder: Path, context: int = CONTEXT) -> Path:
+def tiny_checkpoint(arch: str, folder: Path, context: int = CONTEXT, seed: int = 0) -> Path:
     """A random-weight causal LM of ``arch`` (hidden 32, 2 layers, 2 heads; weights drawn
-    with std 0.2 so that a RoPE change moves the logits by whole units) and the tiny tokenizer,
-    saved into ``folder`` as a hub checkpoint would be."""
+    with std 0.2, from ``seed``, so that a RoPE change moves the logits by whole units) and the
+    tiny tokenizer, saved into ``folder`` as a hub checkpoint would be."""
     import torch
     from transformers import (
         GPTNeoXConfig,
@@ -65,7 +65,7 @@ def tiny_checkpoint(arch: str, folder: Path, context: int = CONTEXT) -> Path:
         "gpt_neox": (GPTNeoXConfig, GPTNeoXForCausalLM, {"rotary_pct": 0.5}),  # as Pythia
     }
     config_cls, model_cls, extra = configs[arch]
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     model = model_cls(config_cls(**shared, **extra))
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

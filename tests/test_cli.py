@@ -18,8 +18,9 @@ from pe_bench.errors import UserError
 from pe_bench.records import load_records
 from pe_bench.run.checks import check_command
 from pe_bench.run.config import TOP_KEYS
+from pe_bench.run.sweep import run_dir_name
 
-from .helpers import CLASSIC, TINY, assert_regenerates, pe_bench
+from .helpers import CLASSIC, TINY, assert_regenerates, compose, overridden, pe_bench
 
 
 @pytest.mark.slow
@@ -276,6 +277,132 @@ def test_a_corrected_sweep_reports_no_stale_failure(tmp_path):
     proc = pe_bench("-m", "pe=rope,alibi", "name=fix", *TINY, out=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "failed:" not in proc.stdout + proc.stderr
+
+
+# Issue 29, items 7-9: inputs that gave a traceback, were silently ignored or were refused
+# with a misleading line. Each is now one line naming the bad value and what is allowed,
+# before anything is made. (args, what the line must say); ``{tmp}`` is the test's folder.
+ROUND_3 = [
+    # tracebacks
+    (["=3"], "override '=3' has no key; allowed: key=value"),
+    (["train.lr=${oops}"], "train.lr=${oops} cannot be resolved (Interpolation key 'oops'"),
+    (["name=a_file"], "{tmp}/out/a_file is a file; allowed: move that file away, or pick"),
+    (["pe=alibi", "name=jobs"], "cannot be made: a file is in its place; allowed: move that"),
+    # silently ignored
+    (["eval.factors=[]"], "eval.factors=[] gives no eval length; allowed: one factor or more"),
+    (["eval.factors=[inf]"], "eval.factors[0] must be a finite number > 0, got inf"),
+    (["eval.factors=[1,inf]"], "eval.factors[1] must be a finite number > 0, got inf"),
+    (["data.vocab_size=300"], "data.vocab_size=300 is not read by this run: only a BPE"),
+    # misleading
+    (["pe=[rope,alibi]"], "pe=[rope,alibi] selects 2 configs of pe at once; allowed: one, e.g."),
+    (["data.tokenizer=bpe", "data.vocab_size=0"], "data.vocab_size=0 leaves no room for merges"),
+    (
+        ["data.tokenizer=bpe", "data.vocab_size=100000000000000000000"],
+        "allowed: data.vocab_size of at most ",
+    ),
+    (["train.seq_len=2000000000"], "GiB of cpu memory here; allowed: train.seq_len of at most "),
+]
+# model=hf: a scheme, a fine-tune or a training key it would ignore (no model is loaded).
+PRETRAINED_UNREAD = [
+    (["pe=alibi"], "pe=alibi is not read by this run: model=hf keeps the model's own RoPE"),
+    (["pe.base=5"], "pe.base=5 is not read by this run: model=hf keeps the model's own RoPE"),
+    (["train.steps=5"], "train.steps=5 is not read by this run: model=hf trains nothing"),
+    (["+finetune@finetunes.pi=pi"], "is not read by this run: model=hf evaluates the model as"),
+    (["data.tokenizer=bpe"], "data.tokenizer=bpe is not read by this run: model=hf reads the"),
+]
+
+
+def files_where_jobs_go(tmp_path: Path) -> None:
+    """A file ``a_file`` where ``name=a_file`` puts its jobs, and a file named as the folder
+    of the job ``pe=alibi name=jobs`` (with ``TINY``)."""
+    out = tmp_path / "out"
+    (out / "jobs").mkdir(parents=True)
+    (out / "a_file").write_text("")
+    dirname = compose(*TINY, "pe=alibi", "name=jobs", hydra=True).hydra.job.override_dirname
+    (out / "jobs" / run_dir_name(dirname)).write_text("")
+
+
+@pytest.mark.parametrize(("args", "message"), ROUND_3)
+def test_round_3_bad_input_is_one_line_before_anything_is_made(tmp_path, args, message):
+    files_where_jobs_go(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(UserError) as caught:
+        check_command(overridden(*TINY, *args, f"out_root={tmp_path / 'out'}"))
+    assert message.replace("{tmp}", str(tmp_path)) in str(caught.value)
+    assert "\n" not in str(caught.value)
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize(("args", "message"), PRETRAINED_UNREAD)
+def test_what_a_pretrained_model_would_ignore_is_refused(tmp_path, args, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        check_command(["model=hf", "model.name=org/model", *args, f"out_root={tmp_path}"])
+    check_command(["model=hf", "model.name=org/model", "+pe@eval.variants.y=yarn"])  # allowed
+
+
+def test_a_key_given_twice_is_refused():
+    """Hydra uses the last value without a word; a benchmark run for hours on the other."""
+    message = "train.lr is given twice (train.lr=1e-3 and train.lr=2e-3); allowed: one value"
+    with pytest.raises(UserError, match=re.escape(message)):
+        check_command(["train.lr=1e-3", "train.lr=2e-3"])
+
+
+def test_a_flag_after_the_overrides_is_one_line():
+    with pytest.raises(UserError, match="unrecognized arguments: pe=rope,alibi; allowed: Hydra"):
+        check_command(["train.steps=3", "-m", "pe=rope,alibi"])
+
+
+def test_a_missing_local_model_is_no_such_folder(tmp_path):
+    """A path (it starts with '/') where nothing is: not the hub's "Repo id must be in the
+    form ..." (no network is asked)."""
+    missing = tmp_path / "no_model"
+    with pytest.raises(UserError, match=re.escape(f"model.name='{missing}': no such file or")):
+        cli.run(compose("model=hf", f"model.name={missing}"), tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_an_error_in_a_run_is_printed_once(tmp_path):
+    """Issue 29, item 10: a single run's one-line error went to stderr and, as a log line, to
+    stdout too; now to stderr (and the job's log file) only."""
+    text = tmp_path / "small.txt"
+    text.write_text("a few words, too few for 256 test tokens\n" * 3)
+    proc = pe_bench(*TINY, "data=text", f"data.path={text}", out=tmp_path / "out")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(proc.stderr.splitlines()) == 1 and proc.stderr.startswith("pe-bench: error: ")
+    assert "error" not in proc.stdout.lower(), proc.stdout
+    (log,) = (tmp_path / "out").rglob("cli.log")
+    assert proc.stderr.strip().removeprefix("pe-bench: error: ") in log.read_text()
+
+
+FULL_DISK = """
+import os
+
+if os.environ.get("FULL_DISK_AT"):  # tests/test_cli.py: this file fills the disk
+    from omegaconf import OmegaConf
+
+    _save = OmegaConf.save
+
+    def _full(config, f, resolve=False):
+        if str(f).endswith(os.environ["FULL_DISK_AT"]):
+            raise OSError(28, "No space left on device")  # as write() raises it: no file
+        return _save(config, f, resolve)
+
+    OmegaConf.save = _full
+"""
+
+
+@pytest.mark.slow
+def test_a_sweep_on_a_full_disk_is_one_line_naming_where(tmp_path):
+    """Hydra's own write of multirun.yaml failing (a full disk) was a traceback; it is one
+    line naming the sweep's folder, exit 2."""
+    (tmp_path / "sitecustomize.py").write_text(FULL_DISK)
+    env = {"PYTHONPATH": str(tmp_path), "FULL_DISK_AT": "multirun.yaml"}
+    proc = pe_bench("-m", "pe=rope,alibi", *TINY, out=tmp_path / "out", env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.splitlines() == [
+        f"pe-bench: error: cannot write or read in '{tmp_path / 'out' / 'default'}': No space "
+        "left on device"
+    ]
 
 
 @pytest.mark.slow

@@ -14,9 +14,9 @@ from pe_bench.errors import UserError
 from pe_bench.records import load_records
 from pe_bench.run.distributed import World
 
-from .helpers import TINY, pe_bench
+from .helpers import TINY, overridden, pe_bench
 
-RUN = ["pe=alibi", *TINY, "train.steps=8", "train.batch_size=8"]
+RUN = overridden("pe=alibi", *TINY, "train.steps=8", "train.batch_size=8")
 
 
 def records(folder: Path) -> list[dict]:

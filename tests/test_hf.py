@@ -5,6 +5,7 @@ as through pe-bench's frequencies, within ``ATOL`` + ``RTOL`` x |logit|."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import subprocess
@@ -19,7 +20,7 @@ from pe_bench import cli
 from pe_bench.errors import UserError
 from pe_bench.positions import register
 from pe_bench.positions.rotary import RoPE
-from pe_bench.pretrained import load, rope
+from pe_bench.pretrained import key, load, rope
 from pe_bench.pretrained.evaluate import code_hash
 from pe_bench.records import RECORDS, read_jsonl
 from pe_bench.report.build import build_report
@@ -263,6 +264,48 @@ def test_a_pretrained_model_is_evaluated_reported_and_cached(checkpoints, tmp_pa
     lines = len(read_jsonl(out / RECORDS))
     assert cli.run(cfg, out) and len(read_jsonl(out / RECORDS)) == lines
     assert json.loads((out / RECORDS).read_text().splitlines()[0])["pretrained"] is True
+
+
+@pytest.mark.slow  # 9 s: three evaluations of a tiny checkpoint saved twice
+def test_weights_changed_in_place_are_evaluated_again(tmp_path, caplog):
+    """Issue 29, item 4: a local model's weights replaced in place (make_tiny_hf.py rerun into
+    its folder) served the old records, keyed on the folder's name; records now carry the
+    key of the weights there (``weights_sha``), and others are recomputed."""
+    caplog.set_level(logging.INFO)
+    folder = tiny_checkpoint("llama", tmp_path / "model")
+    cfg = compose(
+        "model=hf",
+        f"model.name={folder}",
+        "model.test_slices=1",
+        "model.passkey=null",
+        "eval.factors=[1]",
+        "eval.tokens=64",
+        "eval.variants=null",
+    )
+    first = cli.run(cfg, tmp_path / "job")
+    assert [r["weights_sha"] for r in first] == [
+        key.weights_key(PretrainedConfig(name=str(folder)))
+    ]
+    assert cli.run(cfg, tmp_path / "job") == first  # the same weights: found
+    tiny_checkpoint("llama", folder, seed=1)  # new weights, same folder
+    again = cli.run(cfg, tmp_path / "job")
+    assert "1 records stale, recomputed: weights_sha" in caplog.text
+    assert again[0]["nll"] != first[0]["nll"] and again[0]["weights_sha"] != first[0]["weights_sha"]
+
+
+def test_the_weights_key_is_the_files_bytes_or_the_hub_commit(tmp_path, monkeypatch):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "m" / ".cache").mkdir()  # a download's bookkeeping: not the model
+    local = PretrainedConfig(name=str(tmp_path / "m"))
+    before = key.weights_key(local)
+    (tmp_path / "m" / ".cache" / "x.lock").write_text("")
+    assert key.weights_key(local) == before
+    (tmp_path / "m" / "model.safetensors").write_bytes(b"weightz")
+    assert key.weights_key(local) != before
+    hub = type("Config", (), {"_commit_hash": "abc123"})()
+    monkeypatch.setattr(load, "load_config", lambda cfg: hub)
+    assert key.weights_key(PretrainedConfig(name="org/model", revision="v1")) == "commit:abc123"
 
 
 DECODE = '''

@@ -230,6 +230,39 @@ def test_empty_folder_is_one_line_error(tmp_path, capsys):
     assert err.startswith("pe-bench-report: error: no records under") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [  # issue 29, items 7 and 9: two tracebacks and argparse's usage over six lines
+        (["--out", "/proc/report"], "cannot write or read '/proc/report': No such file or"),
+        (["--metric", "foo"], "argument --metric: invalid choice: 'foo' (choose from 'ppl', "),
+    ],
+)
+def test_a_bad_report_argument_is_one_line(tmp_path, capsys, args, message):
+    write_runs(tmp_path, three_seeds())
+    with pytest.raises(SystemExit) as exit_info:
+        report_main([str(tmp_path), *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("pe-bench-report: error: ") and message in err
+
+
+def test_a_report_on_a_read_only_disk_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
+    """A read-only file system (OSError 30, which root meets too) was a traceback."""
+    write_runs(tmp_path, three_seeds())
+
+    def read_only(*args):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(os, "fsync", read_only)
+    with pytest.raises(SystemExit) as exit_info:
+        report_main([str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert re.match(
+        rf"pe-bench-report: error: cannot write or read '{tmp_path}/\S+': Read-only", err
+    )
+
+
 def test_mixed_protocols_are_one_line_error(tmp_path, capsys):
     write_runs(
         tmp_path,

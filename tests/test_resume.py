@@ -40,6 +40,11 @@ SLOW = [
 ]
 
 
+# Three tiny jobs of about a second each: two sweeps at once meet on every job.
+SWEEP = ["-m", "pe=alibi,nope,rope", *(o for o in SLOW if not o.startswith("pe="))]
+SWEEP = [o if not o.startswith("train.steps=") else "train.steps=60" for o in SWEEP]
+
+
 def command(*args: str) -> list[str]:
     return [sys.executable, "-m", "pe_bench.cli", *args]
 
@@ -340,6 +345,31 @@ def test_two_identical_commands_at_once_never_crash(tmp_path):
             assert "is in use by another pe-bench run" in err.strip().splitlines()[-1]
     df = load_records(tmp_path)
     assert len(df) == 2 and not df.duplicated(["run_id", "eval_len"]).any()
+
+
+@pytest.mark.slow
+def test_two_sweeps_into_one_folder_at_once_both_end_with_every_output(tmp_path):
+    """Issue 29, item 2: the same sweep started twice at once used to end (1, 1) or (1, 0),
+    naming as failed the jobs the other process ran, leaving error.txt in complete job
+    folders, and once with no report at all while a process exited 0. Now each job runs once,
+    the other process waits for it, and both end 0 with the report there."""
+    args = [*SWEEP, f"out_root={tmp_path}"]
+    procs = [
+        subprocess.Popen(command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    outs = [(p.wait(timeout=600), *p.communicate()) for p in procs]
+    assert [rc for rc, _, _ in outs] == [0, 0], [err[-2000:] for *_, err in outs]
+    for _, out, err in outs:
+        assert "failed:" not in out + err and "Traceback" not in err
+        assert "no report" not in out + err and "removed the earlier report" not in out + err
+    sweep = tmp_path / "default"
+    assert not list(sweep.rglob("error.txt"))
+    assert all((sweep / name).exists() for name in ("report.md", "tables", "figures"))
+    df = load_records(tmp_path)
+    assert set(df["scheme"]) == {"alibi", "nope", "rope"}
+    assert not df.duplicated(["run_id", "variant", "eval_len"]).any()
+    assert len((sweep / "commands.txt").read_text().splitlines()) == 1  # logged once
 
 
 @pytest.mark.slow

@@ -6,6 +6,8 @@ from __future__ import annotations
 import fcntl
 import json
 import logging
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ from pe_bench.errors import UserError
 from pe_bench.positions import scheme_key
 from pe_bench.records import POSITIONS, RECORD_KEY, RECORDS, read_jsonl, write_jsonl
 from pe_bench.run.plan import plan
-from pe_bench.run.store import LOCK, RunStore
+from pe_bench.run.store import FAILED, LOCK, RunStore
 
 
 def rows(folder: Path, name: str) -> list[dict]:
@@ -150,6 +152,27 @@ def test_stray_temporary_files_of_a_killed_run_are_removed(tmp_path):
         (tmp_path / name).write_text("half")
     store(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".report.md.x3.tmp", "notes.tmp"]
+
+
+def test_a_sweeps_job_waits_for_another_run_of_its_folder(tmp_path, tiny_config):
+    """Issue 29, item 2: a job of a sweep whose folder another process is running (a second
+    sweep into the same folder) was a failure ("in use", error.txt in a complete folder); it
+    waits for that run to end and finds its records."""
+    with open(tmp_path / LOCK, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process's run
+        threading.Timer(0.5, fcntl.flock, [held, fcntl.LOCK_UN]).start()
+        start = time.monotonic()
+        found = cli.run(tiny_config("pe=nope"), tmp_path, sweep=True)
+        assert time.monotonic() - start >= 0.4
+    assert len(found) == 3 and not (tmp_path / FAILED).exists()
+
+
+def test_a_sweeps_failed_job_says_why_in_its_folder_until_it_runs_again(tmp_path, tiny_config):
+    with pytest.raises(UserError):
+        cli.run(tiny_config("pe=nope", "train.device=nosuch"), tmp_path, sweep=True)
+    assert "train.device" in (tmp_path / FAILED).read_text()
+    cli.run(tiny_config("pe=nope"), tmp_path, sweep=True)
+    assert not (tmp_path / FAILED).exists()
 
 
 def test_a_folder_in_use_by_another_run_is_refused_in_one_line(tmp_path, tiny_config):

@@ -3,6 +3,11 @@ line, and the report at the end (tests/test_cli.py runs whole sweeps, slow)."""
 
 from __future__ import annotations
 
+import fcntl
+import os
+import re
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -102,6 +107,42 @@ def test_a_report_that_fails_removes_the_earlier_one(tmp_path, caplog):
     assert not write_report(tmp_path, compose())
     assert not any((tmp_path / name).exists() for name in ("report.md", "tables", "figures"))
     assert "removed the earlier report" in caplog.text
+
+
+@pytest.mark.parametrize("end", ["on_multirun_end", "on_run_end"])
+def test_a_report_that_cannot_be_written_fails_the_run_in_one_line(
+    tmp_path, caplog, monkeypatch, end
+):
+    """Issue 29, item 3: on a full disk the report's OSError became Hydra's "Callback ...
+    raised OSError" warning and exit 0; now one line naming the file, and exit 1."""
+    write_runs(tmp_path, three_seeds())
+
+    def full(*args):
+        raise OSError(28, "No space left on device")  # as a write to a full disk: no file
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(SystemExit) as exit_info:
+        getattr(SweepCallback(), end)(with_dirs(tmp_path))
+    assert exit_info.value.code == 1
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no report")]
+    assert re.fullmatch(
+        rf"no report: cannot write or read '{tmp_path}/\S+': No space left on device", line
+    )
+
+
+def test_a_sweeps_report_waits_for_another_report_into_its_folder(tmp_path, caplog):
+    """Issue 29, item 2: two sweeps into one folder: the second one's report was refused while
+    the first one wrote, and its "no report" then removed the first one's report. It waits."""
+    write_runs(tmp_path, three_seeds())
+    (tmp_path / "report.md").write_text("the other sweep's report\n")
+    fd = os.open(tmp_path, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the other sweep's report holds it
+    released = threading.Timer(2.5, os.close, [fd])  # longer than loading the records
+    released.start()
+    start = time.monotonic()
+    assert write_report(tmp_path, compose())
+    assert time.monotonic() - start >= 2.4  # it waited for the other report to end
+    assert "| alibi" in (tmp_path / "report.md").read_text() and "removed" not in caplog.text
 
 
 @pytest.mark.parametrize("end", ["on_multirun_end", "on_run_end"])

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from pe_bench.data.corpus import Corpus, load_corpus
 from pe_bench.data.tokenizer import HFTokenizer
 from pe_bench.pretrained import passkey
-from pe_bench.pretrained.key import pretrained_key
+from pe_bench.pretrained.key import pretrained_key, weights_key
 from pe_bench.pretrained.load import (
     LogitsOnly,
     corpus_tokenizer,
@@ -49,12 +49,13 @@ def code_hash() -> str:
 
 
 def open_data(job: PretrainedPlan, device: torch.device) -> tuple[PretrainedData, DataKey]:
-    """Load the corpus and the model's tokenizer (not the weights: a complete job needs none)."""
+    """Load the corpus and the model's tokenizer (not the weights: a complete job needs none);
+    records are keyed on the weights there now (``pretrained.key.weights_key``)."""
     corpus = load_corpus(job.cfg.data)
     tokenizer = load_tokenizer(job.model.name, job.model.revision)
     tokens = corpus_tokenizer(tokenizer, job.model.name)
     return PretrainedData(corpus, tokenizer, tokens), DataKey(
-        corpus.sha, tokens.fingerprint, code_hash()
+        corpus.sha, tokens.fingerprint, code_hash(), weights_key(job.model)
     )
 
 
@@ -171,5 +172,6 @@ def _run_fields(
         "corpus_sha": corpus.sha,
         "config_hash": job.cfg.run_hash,
         "pe_source": code_hash(),
+        "weights_sha": weights_key(job.model),
         **provenance(device),
     }

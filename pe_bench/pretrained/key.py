@@ -8,8 +8,12 @@ and attention, HF's ``rope_parameters`` of each method) and the passkey test's p
 greedy decoding (``pretrained.passkey``), each as its normalised syntax tree
 (``fingerprint.normalised_source``: docstrings, comments and where the function sits do not
 count). A variant's records carry the key of the variant's own code as ``variant_source``
-(``variant_key``), so editing one variant recomputes its records only. The model's weights and
-HF's code are named by the run's config (``model.name``, ``model.revision``) and the records'
+(``variant_key``), so editing one variant recomputes its records only.
+
+The model's weights are keyed apart, as ``weights_sha`` (``weights_key``): a local folder (or
+file) by a hash of its files' bytes, so weights changed in place (``make_tiny_hf.py`` rerun
+into its folder) are evaluated again; a hub model by the commit its ``model.revision`` (or
+``main``) resolves to, so a revision moved on is too. HF's own code is named by the records'
 provenance, not here.
 """
 
@@ -18,13 +22,17 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pe_bench.positions import ModelDims
 from pe_bench.positions.fingerprint import class_key, normalised_source
 from pe_bench.pretrained import passkey, rope
 from pe_bench.pretrained.rope import Variant
+
+if TYPE_CHECKING:
+    from pe_bench.run.config import PretrainedConfig
 
 # What applies a variant to an HF model (pe_bench.pretrained.rope) ...
 APPLY = (
@@ -73,6 +81,37 @@ def variant_key(variant: Variant, dims: ModelDims) -> str:
     options it is built with (``base`` = the model's ``rope_theta``); ``dims``, the model's
     rotary dims, where the options need them."""
     return class_key(type(variant.scheme), variant.options, dims)
+
+
+def weights_key(model: PretrainedConfig) -> str:
+    """What the model's weights are: ``files:<sha256>`` of a local folder's files (names and
+    bytes; hidden files, such as a download's ``.cache``, left out) or of a local file, else
+    ``commit:<sha>`` of the hub commit that ``model.revision`` names now (``revision:<name>``
+    where the hub, offline, names none)."""
+    from pe_bench.pretrained.load import load_config  # here: experiments/migrate_keys.py
+    # loads this module into old trees, which have no pe_bench.pretrained.load
+
+    path = Path(model.name).expanduser()
+    if path.exists():
+        return f"files:{files_hash(path)}"
+    commit = getattr(load_config(model), "_commit_hash", None)
+    return f"commit:{commit}" if commit else f"revision:{model.revision or 'main'}"
+
+
+def files_hash(path: Path) -> str:
+    """sha256 of the files under ``path`` (or of the file ``path``): each one's path relative
+    to it, size and bytes, in sorted order; 16 hex digits."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    digest = hashlib.sha256()
+    for file in files:
+        rel = file.relative_to(path).as_posix() if file != path else file.name
+        if any(part.startswith(".") for part in Path(rel).parts):
+            continue
+        digest.update(f"{rel}\0{file.stat().st_size}\0".encode())
+        with open(file, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()[:16]
 
 
 def named(module: ModuleType, names: Iterable[str]) -> dict[str, Any]:

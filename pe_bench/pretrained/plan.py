@@ -106,6 +106,7 @@ def plan_pretrained(cfg: RunConfig) -> PretrainedPlan:
     if cfg.eval.probes:
         log.info("eval.probes (%s): not run on a pretrained model", ", ".join(cfg.eval.probes))
     device = resolve_device(cfg.train.device)
+    cfg.model.check_path()
     spec = rope_spec(load_config(cfg.model), cfg.model.train_len, cfg.model.name)
     variants = build_variants(cfg.eval, spec)
     train_len = spec.dims.train_len

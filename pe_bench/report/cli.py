@@ -4,12 +4,10 @@ with ``--latex DIR`` (the report's LaTeX tables copied into a paper's folder) an
 
 from __future__ import annotations
 
-import argparse
 import shutil
-import sys
 from pathlib import Path
 
-from pe_bench.errors import UserError
+from pe_bench.errors import OneLineParser, UserError, os_message
 from pe_bench.records import (
     MODES,
 )
@@ -20,7 +18,7 @@ from pe_bench.report.site import write_site
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="pe-bench-report", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="pe-bench-report", description=__doc__.split("\n")[0])
     parser.add_argument("results", help="folder with records (searched recursively)")
     parser.add_argument(
         "--metric",
@@ -74,5 +72,6 @@ def main(argv: list[str] | None = None) -> None:
         if args.site:
             print(f"site: {write_site(report, Path(args.results), Path(args.site))}")
     except UserError as err:
-        print(f"pe-bench-report: error: {err}", file=sys.stderr)
-        sys.exit(2)
+        parser.error(str(err))
+    except OSError as err:  # a read-only or full disk, an --out that cannot be made
+        parser.error(f"{os_message(err)}; allowed: --out a folder you can write to")

@@ -191,25 +191,39 @@ def check_one_kind(root: Path, records: pd.DataFrame) -> None:
 STRAYS = (".report.md.*.tmp", "tables/.*.tmp", "figures/.*.tmp")
 
 
+_HELD: set[Path] = set()  # report folders this process holds (``report_lock`` re-entered)
+
+
 @contextlib.contextmanager
-def report_lock(out: Path) -> Iterator[None]:
+def report_lock(out: Path, wait: bool = False) -> Iterator[None]:
     """Hold ``out`` while a report writes into it: a second report at once is refused in one
-    line (the kernel releases the lock if the holder dies). Holding it, the temporary files a
-    killed report left behind are removed, since nobody else is writing them."""
+    line, or with ``wait`` (a sweep's report, whose records another sweep into the same folder
+    may be reporting too) waits for the first to end; the kernel releases the lock if the
+    holder dies. Holding it, the temporary files a killed report left behind are removed,
+    since nobody else is writing them. A holder may take it again (a sweep holds it around
+    the report it builds)."""
     out.mkdir(parents=True, exist_ok=True)
+    held = out.resolve()
+    if held in _HELD:
+        yield
+        return
     fd = os.open(out, os.O_RDONLY)  # a lock on the folder itself: no lock file to leave
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise UserError(
-                f"{out} is being written by another report; wait for it to end"
-            ) from None
+            if not wait:
+                raise UserError(
+                    f"{out} is being written by another report; wait for it to end"
+                ) from None
+            fcntl.flock(fd, fcntl.LOCK_EX)
         for pattern in STRAYS:
             for stray in out.glob(pattern):
                 stray.unlink(missing_ok=True)
+        _HELD.add(held)
         yield
     finally:
+        _HELD.discard(held)
         os.close(fd)  # releases the lock
 
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 import difflib
 import importlib.resources
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from pe_bench.config import Range, check_fields, config_hash, from_node, to_dict
 from pe_bench.data.corpus import check_config, identity_keys
@@ -70,8 +72,22 @@ class PretrainedConfig:
     def __post_init__(self) -> None:
         if self.name in ("", "???"):
             raise UserError("model=hf needs model.name=<hub id or local folder>")
+
         if self.rope_impl not in ROPE_IMPLS:
             raise UserError(f"model.rope_impl={self.rope_impl!r}; allowed: {', '.join(ROPE_IMPLS)}")
+
+    def check_path(self) -> None:
+        """Refuse a ``name`` that can only be a local path (it starts with '/', '.' or '~',
+        or has two '/': a hub id has at most one) where nothing is, before the hub is asked
+        for it as a repo id."""
+        name = self.name
+        local = ":" not in name and (name.startswith(("/", ".", "~")) or name.count("/") > 1)
+        if local and not Path(name).expanduser().exists():
+            raise UserError(
+                f"model.name={name!r}: no such file or folder; allowed: a local folder with "
+                "config.json (e.g. one experiments/make_tiny_hf.py writes) or a hub id, e.g. "
+                "EleutherAI/pythia-160m"
+            )
 
     def passkey_config(self) -> PasskeyConfig | None:
         """``passkey`` checked and typed (None: no passkey test)."""
@@ -109,7 +125,7 @@ class RunConfig:
         if "hydra" in cfg:  # composed with return_hydra_config: the run's own config only
             cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
         check_top_keys(cfg)
-        resolved = to_dict(cfg)
+        resolved = resolved_dict(cfg)
         pretrained = OmegaConf.select(cfg, "model.source", default=None) == PRETRAINED
         model_type = PretrainedConfig if pretrained else ModelConfig
         data = resolved.get("data")
@@ -128,6 +144,24 @@ class RunConfig:
             force=bool(resolved.get("force", False)),
             logger=parse_logger(resolved.get("logger")),
         )
+
+
+def resolved_dict(cfg: DictConfig) -> dict[str, Any]:
+    """``cfg`` as plain values, its interpolations resolved; one that cannot be (``${oops}``,
+    a resolver that fails) is refused in one line naming the key and what it holds."""
+    try:
+        return to_dict(cfg)
+    except OmegaConfBaseException as err:
+        key = str(getattr(err, "full_key", "") or "")
+        raw = OmegaConf.to_container(cfg, resolve=False)
+        for part in key.split(".") if key else []:
+            raw = raw.get(part) if isinstance(raw, dict) else None
+        given = f"{key}={raw}" if key else "the config"
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise UserError(
+            f"{given} cannot be resolved ({reason}); allowed: a value, or ${{key}} naming a "
+            "key the config has, e.g. ${train.seq_len}"
+        ) from None
 
 
 def check_top_keys(cfg: DictConfig) -> None:

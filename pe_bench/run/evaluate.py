@@ -79,6 +79,14 @@ class EvalConfig:
             if factor <= 0:
                 raise UserError(f"eval factor {factor:g} must be > 0")
         check_fields(self, "eval")
+        if not self.lengths and not self.factors:
+            raise UserError(
+                "eval.factors=[] gives no eval length; allowed: one factor or more, e.g. "
+                "eval.factors=[1,2,4], or eval.lengths=[<tokens>, ...]"
+            )
+        for i, factor in enumerate(self.factors):
+            if not math.isfinite(factor):
+                raise UserError(f"eval.factors[{i}] must be a finite number > 0, got {factor}")
         for probe in self.probes:
             if probe not in PROBES:
                 raise UserError(f"unknown eval probe {probe!r}; allowed: {', '.join(PROBES)}")

@@ -28,11 +28,12 @@ from typing import Any, Protocol
 
 import torch
 
+from pe_bench.errors import UserError
 from pe_bench.run import tracking
 from pe_bench.run.config import RunConfig
 from pe_bench.run.distributed import World, current_world
 from pe_bench.run.evaluate import EvalTask
-from pe_bench.run.store import RunStore, job_lock
+from pe_bench.run.store import FAILED, RunStore, job_lock, record_failure
 
 log = logging.getLogger("pe_bench")
 
@@ -44,6 +45,7 @@ class DataKey:
     corpus_sha: str
     tokenizer_sha: str
     pe_source: str  # the hash of the code that computes the numbers
+    weights_sha: str | None = None  # a pretrained model's weights (``pretrained.key``)
 
 
 class Job(Protocol):
@@ -81,30 +83,47 @@ class Steps:
     compute: Callable[[RunContext, dict[str, list[EvalTask]]], None]
 
 
-def run(job: Job, out_dir: Path, steps: Steps) -> list[dict[str, Any]]:
+def run(job: Job, out_dir: Path, steps: Steps, sweep: bool = False) -> list[dict[str, Any]]:
     """Compute the records of ``job`` missing from ``out_dir`` and return all of them (cached
-    included); rank 0 alone writes under torchrun, the other ranks return none."""
+    included); rank 0 alone writes under torchrun, the other ranks return none. In a
+    ``sweep``, a job folder that another process holds (another sweep into the same folder)
+    is waited for, not a failure, and a failure is left in the folder's ``error.txt``, both
+    under the job's lock: a run of the job removes an earlier one, never another's."""
     world, device = world_and_device(job.device)
-    with job_lock(out_dir, take=world.main):  # torchrun: rank 0 holds it for every rank
-        data, key = steps.open(job, device)
-        store = open_store(job, out_dir, key, world)
-        todo = {rid: store.missing(rid, tasks) for rid, tasks in job.owed()}
-        if not any(todo.values()):
-            log.info(
-                "%s: all %d records are there: skipped; force=true recomputes",
-                out_dir,
-                len(store.records),
-            )
-            return store.records
-        store.write_config(job.cfg.yaml)
-        tracker = start_tracker(job, world, out_dir)
-        steps.compute(RunContext(job, data, store, world, device, tracker), todo)
-        if not world.main:
-            return []
-        log.info("%s: done, %d records", out_dir, len(store.records))
-        tracker.log_records(store.records)
-        tracker.finish()
+    with job_lock(out_dir, take=world.main, wait=sweep):  # torchrun: rank 0 holds it for all
+        if world.main:
+            (out_dir / FAILED).unlink(missing_ok=True)
+        try:
+            return _run_locked(job, out_dir, steps, world, device)
+        except (UserError, OSError) as err:
+            if sweep and world.main:
+                record_failure(out_dir, err)
+            raise
+
+
+def _run_locked(
+    job: Job, out_dir: Path, steps: Steps, world: World, device: torch.device
+) -> list[dict[str, Any]]:
+    """``run``, the job folder held: load the data, read the store, compute what is missing."""
+    data, key = steps.open(job, device)
+    store = open_store(job, out_dir, key, world)
+    todo = {rid: store.missing(rid, tasks) for rid, tasks in job.owed()}
+    if not any(todo.values()):
+        log.info(
+            "%s: all %d records are there: skipped; force=true recomputes",
+            out_dir,
+            len(store.records),
+        )
         return store.records
+    store.write_config(job.cfg.yaml)
+    tracker = start_tracker(job, world, out_dir)
+    steps.compute(RunContext(job, data, store, world, device, tracker), todo)
+    if not world.main:
+        return []
+    log.info("%s: done, %d records", out_dir, len(store.records))
+    tracker.log_records(store.records)
+    tracker.finish()
+    return store.records
 
 
 def open_store(job: Job, out_dir: Path, key: DataKey, world: World) -> RunStore:
@@ -122,6 +141,7 @@ def open_store(job: Job, out_dir: Path, key: DataKey, world: World) -> RunStore:
         pe_source=key.pe_source,
         tokenizer_sha=key.tokenizer_sha,
         variant_sources={t.variant: t.variant_source for t in tasks},
+        weights_sha=key.weights_sha,
     )
 
 

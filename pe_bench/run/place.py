@@ -14,16 +14,22 @@ Rerunning the command resumes: finished runs are found, not retrained.
 
 from __future__ import annotations
 
-import importlib.resources
+import contextlib
+import fcntl
+import os
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from pe_bench.errors import OneLineParser, UserError
 from pe_bench.positions import load_plugin, scheme_class
-from pe_bench.records import COMMANDS, load_records
+from pe_bench.records import COMMANDS, atomic_write_bytes, load_records
+from pe_bench.report.inputs import report_lock
+from pe_bench.run.checks import check_command, has_option
 from pe_bench.run.sweep import (
     command_lines,
     plugin_pythonpath,
@@ -36,6 +42,7 @@ OWN_KEYS = ("pe", "train.seed", "out_root", "name", "hydra.sweep.dir")
 # What is not copied from the committed folder: the report (rewritten with the new scheme),
 # checkpoints (never committed anyway) and loggers' folders.
 NOT_COPIED = ("report.md", "tables", "figures", "*.pt", "wandb", ".lock", ".done")
+IGNORED = shutil.ignore_patterns(*NOT_COPIED)
 
 
 def protocol_overrides(onto: Path) -> list[str]:
@@ -74,11 +81,13 @@ def committed_seeds(onto: Path) -> list[int]:
     return sorted({int(s) for s in records["seed"].dropna()})
 
 
-def scheme_overrides(scheme: str, options: list[str], plugin: str | None) -> list[str]:
-    """The ``pe`` overrides that select ``scheme`` with ``options``: its YAML where pe-bench
-    has one, else (a plugin's scheme without a YAML) the empty NoPE config renamed."""
-    has_yaml = (importlib.resources.files("pe_bench.conf") / "pe" / f"{scheme}.yaml").is_file()
-    pe = [f"pe={scheme}"] if has_yaml else ["pe=nope"]
+def scheme_overrides(
+    scheme: str, options: list[str], plugin: str | None, searchpath: str | None = None
+) -> list[str]:
+    """The ``pe`` overrides that select ``scheme`` with ``options``: its YAML where there is one
+    (in pe-bench, or in the folder ``searchpath`` names: the plugin's own), else (a plugin's
+    scheme without a YAML) the empty NoPE config renamed."""
+    pe = [f"pe={scheme}"] if has_option("pe", scheme, searchpath) else ["pe=nope"]
     if pe[0] == "pe=nope" and scheme != "nope":
         pe.append(f"pe.name={scheme}")
     if plugin:
@@ -87,10 +96,53 @@ def scheme_overrides(scheme: str, options: list[str], plugin: str | None) -> lis
 
 
 def copy_records(onto: Path, out: Path) -> None:
-    """The committed folder's records and commands, into ``out`` (once: a rerun resumes)."""
-    if out.exists():
-        return
-    shutil.copytree(onto, out, ignore=shutil.ignore_patterns(*NOT_COPIED))
+    """The committed folder's records and commands, into ``out`` (once: a rerun resumes).
+    The copy is made whole in a temporary folder beside ``out`` and renamed to it, so a kill
+    leaves no copy or a whole one (the next run removes a cut-short temporary folder); two
+    placements at once copy once, the second waiting for the first. A copy that lacks files
+    of ``onto`` (cut short by a version of pe-bench that copied in place) gets them back."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with held(out.parent):
+        for stray in out.parent.glob(f".{out.name}.copy-*"):
+            shutil.rmtree(stray, ignore_errors=True)
+        if not out.exists():
+            print(f"pe-bench-place: copying {onto}'s records into {out}", flush=True)
+            copy = Path(tempfile.mkdtemp(prefix=f".{out.name}.copy-", dir=out.parent))
+            shutil.copytree(onto, copy, ignore=IGNORED, dirs_exist_ok=True)
+            copy.chmod(0o755)  # mkdtemp makes 0700; a folder of results is meant to be shared
+            os.rename(copy, out)
+            return
+    restored = restore_missing(onto, out)
+    if restored:
+        print(f"pe-bench-place: {out} lacked {restored} files of {onto}: copied", flush=True)
+
+
+def restore_missing(onto: Path, out: Path) -> int:
+    """Copy each file of ``onto`` (as ``copy_records`` copies them) that ``out`` lacks, each
+    written whole (``atomic_write_bytes``); how many."""
+    restored = 0
+    for folder, dirs, files in os.walk(onto):
+        skip = IGNORED(folder, [*dirs, *files])
+        dirs[:] = [d for d in dirs if d not in skip]
+        for name in files:
+            source = Path(folder) / name
+            target = out / source.relative_to(onto)
+            if name not in skip and not target.exists():
+                atomic_write_bytes(target, source.read_bytes())
+                restored += 1
+    return restored
+
+
+@contextlib.contextmanager
+def held(folder: Path) -> Iterator[None]:
+    """Hold ``folder`` (``flock`` on the folder itself, waiting for another holder): what
+    placements into it copy, one at a time; released when the holder ends or dies."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def place(
@@ -102,7 +154,9 @@ def place(
     searchpath: str | None = None,
 ) -> int:
     """Train and evaluate ``scheme`` under ``onto``'s protocol into ``out`` beside a copy of
-    ``onto``'s records; the exit status of the sweep (whose report ranks it)."""
+    ``onto``'s records; the exit status of the sweep (whose report ranks it). The sweep's
+    command is checked (``run.checks``: every job planned, a bad ``--option`` refused in one
+    line) before anything is copied or written."""
     if plugin:
         load_plugin(plugin, "--plugin")
     cls = scheme_class(scheme)
@@ -114,17 +168,22 @@ def place(
         )
     overrides = protocol_overrides(onto)
     seeds = ",".join(map(str, committed_seeds(onto)))
-    copy_records(onto, out)
-    log_placement(out, scheme, onto, options, plugin, searchpath)
     command = [
         *overrides,
-        *scheme_overrides(scheme, options, plugin),
+        *scheme_overrides(scheme, options, plugin, searchpath),
         f"train.seed={seeds}",
         f"hydra.sweep.dir={out}",
         *([f"hydra.searchpath=[{searchpath}]"] if searchpath else []),
     ]
+    check_command(["-m", *command])
+    copy_records(onto, out)
+    log_placement(out, scheme, onto, options, plugin, searchpath)
     print(f"pe-bench-place: pe-bench -m {shlex.join(command)}", flush=True)
-    return subprocess.run([sys.executable, "-m", "pe_bench.cli", "-m", *command]).returncode
+    status = subprocess.run([sys.executable, "-m", "pe_bench.cli", "-m", *command]).returncode
+    if status == 0 and not (out / "report.md").exists():  # never exit 0 without the report
+        print(f"pe-bench-place: error: no report at {out / 'report.md'}", file=sys.stderr)
+        return 1
+    return status
 
 
 def log_placement(
@@ -143,9 +202,10 @@ def log_placement(
     pythonpath = plugin_pythonpath({"pe": {"plugin": plugin}}) if plugin else ""
     command = with_pythonpath_prefix(shlex.join(["pe-bench-place", *args]), pythonpath)
     line = f"{command}  # copies {onto}'s records, then:"
-    lines = command_lines(out)
-    if line not in lines:
-        write_command_lines(out, [*lines, line])
+    with report_lock(out, wait=True):  # the lock every writer of COMMANDS takes
+        lines = command_lines(out)
+        if line not in lines:
+            write_command_lines(out, [*lines, line])
 
 
 def main(argv: list[str] | None = None) -> None:

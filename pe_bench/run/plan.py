@@ -188,12 +188,15 @@ def _check_inputs(cfg: RunConfig) -> torch.device:
         )
     device = resolve_device(cfg.train.device)
     check_attention(cfg.model, device)
-    model = cfg.model  # a BPE's logits are up to data.vocab_size wide
-    if cfg.data.get("tokenizer") == "bpe" and cfg.data.get("vocab_size"):
-        model = dataclasses.replace(model, vocab_size=max(model.vocab_size, cfg.data["vocab_size"]))
-    check_step_memory(cfg.train, model, device, "train")
+    model, vocab = cfg.model, "model.vocab_size"  # a BPE's logits are up to data.vocab_size wide
+    if cfg.data.get("tokenizer") == "bpe" and (cfg.data.get("vocab_size") or 0) > model.vocab_size:
+        model, vocab = (
+            dataclasses.replace(model, vocab_size=cfg.data["vocab_size"]),
+            "data.vocab_size",
+        )
+    check_step_memory(cfg.train, model, device, "train", vocab)
     for key, ft in cfg.finetunes.items():
-        check_step_memory(ft.train_config(cfg.train), model, device, f"finetunes.{key}")
+        check_step_memory(ft.train_config(cfg.train), model, device, f"finetunes.{key}", vocab)
     return device
 
 
@@ -205,22 +208,36 @@ def device_memory(device: torch.device) -> int:
 
 
 def check_step_memory(
-    train: TrainConfig, model: ModelConfig, device: torch.device, where: str
+    train: TrainConfig, model: ModelConfig, device: torch.device, where: str, vocab: str = ""
 ) -> None:
     """Refuse a batch whose training step cannot fit in the device's memory even at its
     smallest (the global batch of token ids, and this process's embeddings and logits), which
-    torch would find only by failing an allocation."""
-    tokens = train.batch_size * train.seq_len
-    per_rank = tokens // max(1, int(os.environ.get("WORLD_SIZE", "1")))
-    need = 16 * tokens + 4 * per_rank * (model.vocab_size + model.d_model)
+    torch would find only by failing an allocation. The message names what to lower: the
+    batch, or where even one sequence cannot fit, ``vocab`` (the key of the logits' width,
+    ``model.vocab_size`` by default) or ``seq_len``."""
+    world = max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    width = model.vocab_size + model.d_model
+
+    def need(batch: int, seq_len: int, width: int) -> int:
+        return 16 * batch * seq_len + 4 * (batch * seq_len // world) * width
+
     have = device_memory(device)
-    if need > have:
-        raise UserError(
-            f"{where}.batch_size={train.batch_size} x seq_len {train.seq_len}: one training "
-            f"step needs at least {need / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB "
-            f"of {device.type} memory here; allowed: a batch_size of at most "
-            f"{train.batch_size * have // need:,}"
-        )
+    if need(train.batch_size, train.seq_len, width) <= have:
+        return
+    most = train.batch_size * have // need(train.batch_size, train.seq_len, width)
+    if most >= 1:
+        allowed = f"a batch_size of at most {most:,}, or a shorter seq_len"
+    elif need(1, train.seq_len, VOCAB_SIZE + model.d_model) <= have:  # the logits' width
+        widest = (have - 16 * train.seq_len) * world // (4 * train.seq_len) - model.d_model
+        allowed = f"{vocab or 'model.vocab_size'} of at most {widest:,} (now {model.vocab_size:,})"
+    else:
+        allowed = f"{where}.seq_len of at most {have // need(1, 1, width):,}"
+    raise UserError(
+        f"{where}.batch_size={train.batch_size} x seq_len {train.seq_len}: one training step "
+        "needs at least "
+        f"{need(train.batch_size, train.seq_len, width) / 2**30:,.1f} GiB, more than the "
+        f"{have / 2**30:,.1f} GiB of {device.type} memory here; allowed: {allowed}"
+    )
 
 
 def _built(pe_cfg: dict[str, Any], cfg: RunConfig, prefix: str = "pe.") -> PositionScheme:

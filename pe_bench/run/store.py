@@ -6,11 +6,11 @@ A job folder holds one trained model and its fine-tunes (each a run id): ``recor
 the trained model's first), ``config.yaml`` and the checkpoints. Records of other run ids or
 another corpus, or of an eval-time variant whose config has changed since (``variant_hash``),
 or of a context-use probe whose settings have (``probe_hash``), or made by other code of their
-scheme (``pe_source``, ``variant_source``: ``positions.scheme_key``), are stale and dropped at
-the next write; skipped records are retried. A
-position row lives as long as its record, a curve as long as a record of its run id: neither
-carries the corpus hash, and a row whose record was never written (a kill between the two
-writes) is computed again with it, never twice.
+scheme (``pe_source``, ``variant_source``: ``positions.scheme_key``), or by other weights of a
+pretrained model (``weights_sha``), are stale and dropped at the next write; skipped records
+are retried. A position row lives as long as its record, a curve as long as a record of its
+run id: neither carries the corpus hash, and a row whose record was never written (a kill
+between the two writes) is computed again with it, never twice.
 
 One run at a time holds a job folder (``job_lock``): it may then delete the temporary files a
 killed run left behind, since nobody else is writing them.
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pe_bench.data.tokenizer import ByteTokenizer
-from pe_bench.errors import UserError
+from pe_bench.errors import UserError, os_message
 from pe_bench.records import (
     CURVE,
     POSITIONS,
@@ -46,6 +46,7 @@ BYTES = ByteTokenizer.fingerprint  # the tokenizer of records that name none
 
 CHECKPOINT = "checkpoint.pt"  # the trained model's; a fine-tune's is checkpoint-<key>.pt
 LOCK = ".lock"  # held (flock) by the run that owns the folder; reports read records only
+FAILED = "error.txt"  # why a sweep's job failed, written and removed under the job's lock
 # Temporary files of this folder's own writes (``atomic_write_text``, ``save_checkpoint``):
 # ".<name>.<random>.tmp", and ".checkpoint.pt.tmp" as older versions named it.
 STRAYS = [f".{name}.*tmp" for name in (RECORDS, POSITIONS, CURVE, "config.yaml")] + [
@@ -54,11 +55,13 @@ STRAYS = [f".{name}.*tmp" for name in (RECORDS, POSITIONS, CURVE, "config.yaml")
 
 
 @contextlib.contextmanager
-def job_lock(folder: Path, take: bool = True) -> Iterator[None]:
+def job_lock(folder: Path, take: bool = True, wait: bool = False) -> Iterator[None]:
     """Hold ``folder`` for one run: two runs of one job would both train and overwrite each
-    other's checkpoints. Non-blocking, so a second run is refused at once in one line; the
-    kernel releases the lock when its process dies, so a killed run never leaves it held.
-    ``take=False`` (torchrun ranks but 0, which share rank 0's job) holds nothing."""
+    other's checkpoints. A second run is refused at once in one line, or with ``wait`` (a job
+    of a sweep: another sweep into the same folder may be running it) waits for the first to
+    end and then finds its records; the kernel releases the lock when its process dies, so a
+    killed run never leaves it held. ``take=False`` (torchrun ranks but 0, which share rank
+    0's job) holds nothing."""
     if not take:
         yield
         return
@@ -67,14 +70,24 @@ def job_lock(folder: Path, take: bool = True) -> Iterator[None]:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise UserError(
-                f"{folder} is in use by another pe-bench run (it holds {folder / LOCK}); "
-                "wait for it to end, or pick another out_root"
-            ) from None
+            if not wait:
+                raise UserError(
+                    f"{folder} is in use by another pe-bench run (it holds {folder / LOCK}); "
+                    "wait for it to end, or pick another out_root"
+                ) from None
+            log.info("%s: another pe-bench run holds it; waiting for that run to end", folder)
+            fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def record_failure(folder: Path, err: BaseException) -> None:
+    """Leave ``err`` in ``folder``'s ``error.txt``: the job of a sweep failed, the sweep goes
+    on and names it at its end (a run of the job removes it first, under the job's lock)."""
+    message = os_message(err) if isinstance(err, OSError) else str(err)
+    atomic_write_text(folder / FAILED, f"{message}\n")
 
 
 class RunStore:
@@ -91,8 +104,11 @@ class RunStore:
     probe of the plan to the hash of its settings (``probes.probe_hashes``): its records of
     another hash are superseded the same way. ``tokenizer_sha`` is the fingerprint of the
     corpus's tokenizer: records of another are stale (records without one were made with
-    bytes). ``fresh`` ignores what is there (``force=true``); only the ``writer`` (rank 0
-    under torchrun) deletes or writes files, so every rank decides from the files as they were.
+    bytes). ``weights_sha`` is the key of a pretrained model's weights
+    (``pretrained.key.weights_key``): records of others, or of none, are stale (None: not
+    checked, a trained model's). ``fresh`` ignores what is there (``force=true``); only the
+    ``writer`` (rank 0 under torchrun) deletes or writes files, so every rank decides from the
+    files as they were.
     """
 
     def __init__(
@@ -107,6 +123,7 @@ class RunStore:
         pe_source: str | None = None,
         tokenizer_sha: str = BYTES,
         variant_sources: dict[str, str] | None = None,
+        weights_sha: str | None = None,
     ) -> None:
         self.folder, self.run_ids, self.corpus_sha = folder, run_ids, corpus_sha
         self.writer = writer
@@ -127,7 +144,7 @@ class RunStore:
             and r.get("tokenizer_sha", BYTES) == tokenizer_sha
         ]
         if pe_source is not None:
-            self.records = self._of_this_code(pe_source, variant_sources or {})
+            self.records = self._of_this_code(pe_source, variant_sources or {}, weights_sha)
         self._done = {record_key(r) for r in self.records}
         self.positions = [r for r in self._rows(POSITIONS, fresh) if record_key(r) in self._done]
         trained = {r["run_id"] for r in self.records}
@@ -136,13 +153,18 @@ class RunStore:
             if row.get("run_id") in trained:
                 self.curves.setdefault(row["run_id"], []).append(row)
 
-    def _of_this_code(self, pe_source: str, variant_sources: dict[str, str]) -> list[dict]:
+    def _of_this_code(
+        self, pe_source: str, variant_sources: dict[str, str], weights_sha: str | None
+    ) -> list[dict]:
         """The records made by the code that runs now: the trained scheme's key
         (``pe_source``) and, for a variant of the plan, the variant's (``variant_source``);
-        the others are logged, by why they are stale."""
+        a pretrained model's, of the weights there now (``weights_sha``); the others are
+        logged, by why they are stale."""
         kept, stale = [], Counter()
         for r in self.records:
             expected = [("pe_source", pe_source)]
+            if weights_sha is not None:
+                expected.append(("weights_sha", weights_sha))
             if variant_sources.get(r.get("variant")):  # a variant not planned now: kept
                 expected.append(("variant_source", variant_sources[r["variant"]]))
             wrong = [(field, r.get(field), key) for field, key in expected if r.get(field) != key]

@@ -27,12 +27,13 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from pe_bench.errors import UserError
+from pe_bench.errors import UserError, os_message
 from pe_bench.records import COMMANDS, atomic_write_text, searchpath, sweep_command
 from pe_bench.report.build import build_report
-from pe_bench.report.inputs import Options
+from pe_bench.report.inputs import Options, report_lock
 from pe_bench.run import tracking
 from pe_bench.run.distributed import rank_from_env
+from pe_bench.run.store import FAILED
 
 log = logging.getLogger("pe_bench")
 
@@ -50,7 +51,6 @@ def run_dir_name(overrides: str) -> str:
 
 OmegaConf.register_new_resolver("run_dir", run_dir_name, replace=True)
 
-FAILED = "error.txt"  # written into a job folder when the job stopped on bad input
 DONE = ".done"  # touched in a job folder when the job ends: sweep progress across processes
 
 
@@ -77,16 +77,22 @@ class SweepCallback(Callback):
         self.total: int | None = None
         self.started = 0.0
         self.command = ""  # this sweep's line in COMMANDS
+        self.jobs: list[Path] = []  # the job folders this process ran (basic launcher)
+        self.unwritten = ""  # why COMMANDS could not be written (the sweep then exits 1)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.total, self.started = sweep_size(config), time.time()
         if rank_from_env() == 0:
             overrides = [*searchpath(config.hydra.overrides.hydra), *config.hydra.overrides.task]
-            self.command = log_command(Path(config.hydra.sweep.dir), overrides)
+            try:
+                self.command = log_command(Path(config.hydra.sweep.dir), overrides)
+            except OSError as err:  # a full disk: said at the end (Hydra would only warn)
+                self.unwritten = os_message(err)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         job = HydraConfig.get().job
         if HydraConfig.get().mode == RunMode.MULTIRUN:
+            self.jobs.append(Path(HydraConfig.get().runtime.output_dir))
             of = f" of {self.total}" if self.total else ""
             log.info("sweep: job %d%s: %s", job.num + 1, of, job.override_dirname or "default")
             pythonpath = plugin_pythonpath(config)
@@ -118,27 +124,50 @@ class SweepCallback(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        # this sweep's failures: a job folder of an earlier sweep into the same folder may hold
-        # one that no job of this sweep ran again (a job that runs removes its own first)
-        failed = [p for p in sorted(sweep_dir.rglob(FAILED)) if p.stat().st_mtime >= self.started]
+        # this sweep's failures: a job folder of an earlier sweep into the same folder (or of
+        # another sweep running beside this one) may hold one of a job this sweep did not run
+        # (a job that runs removes its own first, under its lock)
+        if self.jobs:
+            failed = [job / FAILED for job in self.jobs if (job / FAILED).exists()]
+        else:  # a launcher that runs jobs in other processes: the failures since it started
+            failed = [p for p in sorted(sweep_dir.rglob(FAILED)) if mtime(p) >= self.started]
         reported = True
         if config.get("report", True) and rank_from_env() == 0:
             reported = write_report(sweep_dir, config)
         for path in failed:
-            log.error("failed: %s: %s", path.parent.name, path.read_text().strip())
-        if failed or not reported:
+            log.error("failed: %s: %s", path.parent.name, read_failure(path))
+        if self.unwritten:
+            log.error("no %s: %s", COMMANDS, self.unwritten)
+        if failed or not reported or self.unwritten:
             sys.exit(1)
+
+
+def mtime(path: Path) -> float:
+    """When ``path`` was last written (0 if it is gone: another sweep's job removed it)."""
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return 0.0
+
+
+def read_failure(path: Path) -> str:
+    """What a failed job's ``error.txt`` says ('' if another sweep's run of it removed it)."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return "(rerun by another sweep since)"
 
 
 def log_command(sweep_dir: Path, overrides: list[str]) -> str:
     """Add this sweep's command to the folder's ``COMMANDS`` (Hydra's multirun.yaml keeps only
     the last sweep's): a report of a folder that several sweeps filled, say seeds 1,2 added to a
     seed-0 suite, lists every command that made its records. Returns the command."""
-    known = command_lines(sweep_dir)
     command = sweep_command(overrides)
-    logged = [line for line in known if line == command or line.endswith(f" {command}")]
-    if not logged:  # (a line with a PYTHONPATH= prefix is this command too)
-        write_command_lines(sweep_dir, [*known, command])
+    with report_lock(sweep_dir, wait=True):  # another sweep may add its own line at once
+        known = command_lines(sweep_dir)
+        logged = [line for line in known if line == command or line.endswith(f" {command}")]
+        if not logged:  # (a line with a PYTHONPATH= prefix is this command too)
+            write_command_lines(sweep_dir, [*known, command])
     return logged[0] if logged else command
 
 
@@ -184,17 +213,28 @@ def with_pythonpath(sweep_dir: Path, command: str, pythonpath: str) -> str:
     """This sweep's line in ``COMMANDS``, ``command``, prefixed with ``PYTHONPATH=...`` (its
     plugins are found through it); returns the new line."""
     prefixed = with_pythonpath_prefix(command[command.index("pe-bench") :], pythonpath)
-    lines = command_lines(sweep_dir)
-    if prefixed not in lines:
-        write_command_lines(sweep_dir, [line for line in lines if line != command] + [prefixed])
+    with report_lock(sweep_dir, wait=True):
+        lines = command_lines(sweep_dir)
+        if prefixed not in lines:
+            kept = [line for line in lines if line != command]
+            write_command_lines(sweep_dir, [*kept, prefixed])
     return prefixed
 
 
 def write_report(root: Path, config: DictConfig) -> bool:
     """Write the report of ``root``; with logger=wandb, log it as a run of the sweep's group.
-    False (after logging why) when the records cannot make a report: the caller exits 1."""
+    False (after logging why) when the records cannot make a report or it cannot be written
+    (a full or read-only disk): the caller exits 1. The report is built under the folder's
+    report lock, waiting for another sweep's report into the same folder, so that one report
+    never removes or cuts short another's."""
     try:
-        report = build_report(root, options=Options(compare=config.get("compare")))
+        with report_lock(root, wait=True):
+            try:
+                report = build_report(root, options=Options(compare=config.get("compare")))
+            except UserError as err:
+                log.error("no report: %s", err)
+                remove_stale_report(root)
+                return False
         tracker = tracking.start(
             tracking.parse_logger(config.get("logger")),
             name="report",
@@ -205,7 +245,9 @@ def write_report(root: Path, config: DictConfig) -> bool:
         )
     except UserError as err:
         log.error("no report: %s", err)
-        remove_stale_report(root)
+        return False
+    except OSError as err:
+        log.error("no report: %s", os_message(err))
         return False
     tracker.log_report(report)
     tracker.finish()
@@ -213,8 +255,9 @@ def write_report(root: Path, config: DictConfig) -> bool:
 
 
 def remove_stale_report(root: Path) -> None:
-    """Remove report.md, tables/ and figures/ left by an earlier report of ``root``: after
-    records were added that cannot share a report, they describe other records."""
+    """Remove report.md, tables/ and figures/ left by an earlier report of ``root`` (its
+    report lock held): after records were added that cannot share a report, they describe
+    other records."""
     stale = [p for p in (root / "report.md", root / "tables", root / "figures") if p.exists()]
     for path in stale:
         if path.is_dir():

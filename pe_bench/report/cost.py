@@ -27,7 +27,7 @@ import pandas as pd
 from pe_bench.records import atomic_write_text
 from pe_bench.report import latex
 from pe_bench.report.aggregate import label_order
-from pe_bench.report.markdown import distinct, markdown_table, write_csv
+from pe_bench.report.markdown import cpu_kinds, distinct, markdown_table, write_csv
 
 # (column, header, record fields it needs, what the text calls it)
 RUN_COSTS = (
@@ -140,7 +140,9 @@ def hardware(df: pd.DataFrame) -> str:
     """Where the records were made, as the text says it."""
     ok = df[df["status"] == "ok"]
     device, torch = distinct(ok, "device"), distinct(ok, "torch")
-    return f"{distinct(ok, 'hardware')} (device {device}; torch {torch})"
+    kinds = cpu_kinds(ok)  # '' for records that name no CPU: the sentence reads as it did
+    cpu = f"; CPU {kinds}" if kinds else ""
+    return f"{distinct(ok, 'hardware')} (device {device}; torch {torch}{cpu})"
 
 
 def cost_notes(df: pd.DataFrame, table: pd.DataFrame) -> list[str]:

@@ -35,6 +35,23 @@ def trained_option(key: str, default: Any, *, _parent_: DictConfig, _root_: Dict
 
 OmegaConf.register_new_resolver("trained_option", trained_option, replace=True)
 
+
+def longest_eval_len(*, _root_: DictConfig) -> int | None:
+    """``${longest_eval_len:}``: the longest length the run evaluates, ``eval.lengths`` or
+    ``eval.factors`` x ``train.seq_len`` as ``EvalConfig.eval_lengths`` computes them (a
+    variant that sets itself up for it, as leaky ReRoPE's k); None outside a run's config."""
+    lengths = OmegaConf.select(_root_, "eval.lengths", default=None)
+    if not lengths:
+        factors = OmegaConf.select(_root_, "eval.factors", default=None)
+        train_len = OmegaConf.select(_root_, "train.seq_len", default=None)
+        if not factors or train_len is None:
+            return None
+        lengths = [round(f * train_len) for f in factors]
+    return int(max(lengths))
+
+
+OmegaConf.register_new_resolver("longest_eval_len", longest_eval_len, replace=True)
+
 T = TypeVar("T")
 
 

@@ -251,8 +251,10 @@ class LongRoPE(ScaledRoPE):
     run here. Defaults: short factors 1 (the trained rope below L_train, as Phi-3's are close
     to 1); long factors NTK-aware's per pair, lambda_k = s^(2k/(h_d-2)) (1 for the fastest
     pair, s for the slowest, growing with k as LongRoPE's searched factors do), so this row is
-    NTK's frequencies with LongRoPE's attention factor. Give ``long_factor`` (h_d/2 numbers,
-    e.g. searched ones) for a static list.
+    NTK's frequencies with LongRoPE's attention factor, and its records carry a caveat that
+    says so. Give searched factors as HF configs carry them (``rope_scaling.long_factor`` and
+    ``short_factor``, h_d/2 numbers each, for the target s): they are used as given, and the
+    caveat goes.
 
     Args:
         base (float): frequency base of the trained rope. Default: 10000.
@@ -289,6 +291,15 @@ class LongRoPE(ScaledRoPE):
         # empty: the NTK-aware rule, computed for each s
         long = torch.as_tensor(long_factor or [], dtype=torch.float64)
         self.register_buffer("long", long, persistent=False)
+
+    @property
+    def caveat(self) -> str:
+        if len(self.long):
+            return ""
+        return (
+            "its long factors are NTK-aware's s^(2k/(h_d-2)), not ones found by LongRoPE's "
+            "search (pass searched ones as long_factor)"
+        )
 
     def factors(self, seq_len: int) -> Tensor:
         """lambda_k for a context of ``seq_len`` keys: ``[h_d/2]`` float64."""

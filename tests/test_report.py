@@ -235,9 +235,10 @@ def test_provenance_names_the_cpu_where_records_do(tmp_path):
     write_runs(tmp_path / "new", rows)
     build_report(tmp_path / "new", echo=False)
     text = (tmp_path / "new" / "report.md").read_text()
-    named = "AMD EPYC (AVX2) (6 of 8 records; the others name no CPU)"
+    named = "AMD EPYC (AVX2) for 6 of 8 records; the others name no CPU"
     assert f"- CPU (ATen kernels): {named}\n" in text
-    assert f"(device cpu; torch 2.13.0; CPU {named})" in text
+    assert "(device cpu; torch 2.13.0): one wall-clock" in text  # the cost notes, then
+    assert f"CPU (ATen kernels): {named}.  \n" in text
 
 
 def test_empty_folder_is_one_line_error(tmp_path, capsys):

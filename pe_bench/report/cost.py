@@ -140,9 +140,7 @@ def hardware(df: pd.DataFrame) -> str:
     """Where the records were made, as the text says it."""
     ok = df[df["status"] == "ok"]
     device, torch = distinct(ok, "device"), distinct(ok, "torch")
-    kinds = cpu_kinds(ok)  # '' for records that name no CPU: the sentence reads as it did
-    cpu = f"; CPU {kinds}" if kinds else ""
-    return f"{distinct(ok, 'hardware')} (device {device}; torch {torch}{cpu})"
+    return f"{distinct(ok, 'hardware')} (device {device}; torch {torch})"
 
 
 def cost_notes(df: pd.DataFrame, table: pd.DataFrame) -> list[str]:
@@ -160,6 +158,9 @@ def cost_notes(df: pd.DataFrame, table: pd.DataFrame) -> list[str]:
         "compare times within one machine.",
     ]
     ok = df[df["status"] == "ok"]
+    kinds = cpu_kinds(ok)  # '' for records that name no CPU: the notes read as they did
+    if kinds:
+        notes.append(f"CPU (ATen kernels): {kinds}.")
     machines = ok["hardware"].nunique() if "hardware" in ok else 0
     if machines > 1:
         notes.append(

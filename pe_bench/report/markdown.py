@@ -110,5 +110,5 @@ def cpu_kinds(df: pd.DataFrame) -> str:
     )
     text = ", ".join(kinds)
     if len(named) < len(df):
-        text += f" ({len(named):,} of {len(df):,} records; the others name no CPU)"
+        text += f" for {len(named):,} of {len(df):,} records; the others name no CPU"
     return text

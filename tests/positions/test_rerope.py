@@ -146,6 +146,19 @@ def test_leaky_rerope_config_picks_k_for_the_runs_longest_eval_length(overrides,
     leaky.check_length(longest)
 
 
+def test_longest_eval_len_of_a_pretrained_model_is_its_context_times_the_factors_or_unknown():
+    """model=hf: the training length is the model's context, model.train_len; left null it
+    is read from the model's own config, which the Hydra config does not hold, so k: null
+    has no length to pick k for (a one-line error asks for k or max_len)."""
+    overrides = ["+pe@eval.variants.leaky_rerope=leaky_rerope", "model=hf", "model.name=x"]
+    cfg = compose(*overrides, "eval.factors=[1,2]")
+    assert cfg.eval.variants.leaky_rerope.max_len is None
+    cfg = compose(*overrides, "eval.factors=[1,2]", "model.train_len=256")
+    assert cfg.eval.variants.leaky_rerope.max_len == 512
+    cfg = compose(*overrides, "eval.lengths=[300,700]")
+    assert cfg.eval.variants.leaky_rerope.max_len == 700
+
+
 @pytest.mark.parametrize("name", ["rerope", "leaky_rerope"])
 def test_rerope_scales_queries_by_log_n_as_the_patch(dims, name):
     """The patch multiplies q by max(1, ln(p + 1) / ln L_train) before rotating: rows past the

@@ -35,6 +35,27 @@ def trained_option(key: str, default: Any, *, _parent_: DictConfig, _root_: Dict
 
 OmegaConf.register_new_resolver("trained_option", trained_option, replace=True)
 
+
+def longest_eval_len(*, _root_: DictConfig) -> int | None:
+    """``${longest_eval_len:}``: the longest length the run evaluates, ``eval.lengths`` or
+    ``eval.factors`` x the training length as ``EvalConfig.eval_lengths`` computes them (for a
+    variant that sets itself up for it, as leaky ReRoPE's k). The training length is
+    ``train.seq_len``, or a pretrained model's ``model.train_len``; None where it is not in
+    the config (a pretrained model's read from its own config) or outside a run's config."""
+    lengths = OmegaConf.select(_root_, "eval.lengths", default=None)
+    if not lengths:
+        factors = OmegaConf.select(_root_, "eval.factors", default=None)
+        pretrained = OmegaConf.select(_root_, "model.source", default=None) == "hf"
+        where = "model.train_len" if pretrained else "train.seq_len"
+        train_len = OmegaConf.select(_root_, where, default=None)
+        if not factors or train_len is None:
+            return None
+        lengths = [round(f * train_len) for f in factors]
+    return int(max(lengths))
+
+
+OmegaConf.register_new_resolver("longest_eval_len", longest_eval_len, replace=True)
+
 T = TypeVar("T")
 
 

@@ -244,13 +244,30 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
+@cache
+def cpu_model() -> str:
+    """The CPU's model name: ``model name`` of /proc/cpuinfo (Linux), else the platform's
+    processor string, else the machine type (``x86_64``)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return " ".join(value.split())
+    return platform.processor() or platform.machine() or "unknown"
+
+
 def provenance(device: torch.device) -> dict:
-    """Where and with what a record was made."""
+    """Where and with what a record was made. ``cpu_model`` and ``cpu_capability`` (the
+    vector kernels ATen dispatches to: ``DEFAULT``, ``AVX2``, ``AVX512``, ...; it follows
+    ``ATEN_CPU_CAPABILITY``) name what decides the last bits of a CPU run's numbers: two
+    machines of another kind give other numbers (docs/reliability.md#determinism)."""
     return {
         "git_sha": git_sha(),
         "torch": torch.__version__.split("+")[0],
         "device": device.type,
         "hardware": device_name(device),
+        "cpu_model": cpu_model(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
 

@@ -40,6 +40,7 @@ TRAINABLE = [
     "hope",
     "resonance_rope",
     "rope_nope_hybrid",
+    "irope",
     "dape_kerple",
     "dape_alibi",
     "ssmax_nope",
@@ -115,6 +116,7 @@ NOT_RELATIVE = [
     "rerope",
     "leaky_rerope",
     "self_extend",
+    "irope",
 ]
 
 

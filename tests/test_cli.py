@@ -517,6 +517,19 @@ def test_records_carry_the_schemes_caveat(tmp_path, tiny_config, scheme, caveat)
     assert all(caveat in r["caveat"] for r in rows)
 
 
+def test_a_variants_records_carry_its_caveat(tmp_path, tiny_config):
+    """LongRoPE with NTK's long factors (its default) says so on its own records, perplexity
+    and probes alike, and only there: rope and its other variants carry none."""
+    config = tiny_config(
+        "pe=rope", "+pe@eval.variants.longrope=longrope", "eval.probes=[context_gain]"
+    )
+    rows = cli.run(config, tmp_path)
+    longrope = [r for r in rows if r["variant"] == "longrope"]
+    assert {r["mode"] for r in longrope} == {"nonoverlap", "context_gain"}
+    assert all("NTK-aware's s^(2k/(h_d-2)), not ones found by" in r["caveat"] for r in longrope)
+    assert all("caveat" not in r for r in rows if r["variant"] != "longrope")
+
+
 def test_records_of_a_scheme_run_as_its_paper_did_carry_no_caveat(tmp_path, tiny_config):
     rows = cli.run(tiny_config("pe=alibi"), tmp_path)
     assert all("caveat" not in r for r in rows)

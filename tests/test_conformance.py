@@ -53,6 +53,8 @@ def test_every_built_in_scheme_conforms(name):
         (broken_pe.WrongScaleShape, "logit_hooks", r"logit_scale gave shape \(1, 49\)"),
         (broken_pe.ScalesNoBias, "logit_hooks", "needs a logit_scale and a content-free"),
         (broken_pe.FutureWeights, "logit_hooks", "puts weight on future keys"),
+        (broken_pe.HidesItself, "attention_mask", "hides query 0 from its own key"),
+        (broken_pe.FirstRowsMask, "attention_mask", "the queries are the last s_q keys"),
     ],
     ids=lambda x: x.__name__ if isinstance(x, type) else None,
 )
@@ -92,7 +94,7 @@ def test_console_script_fails_a_broken_plugin():
     assert "FAIL relative: declares relative = True" in proc.stdout
     assert "PASS causality" in proc.stdout
     assert "FAIL score_mod: score_mod and score_bias differ" in proc.stdout  # its consequence
-    assert "broken_fake_relative: 2 of 13 checks failed" in proc.stdout
+    assert "broken_fake_relative: 2 of 14 checks failed" in proc.stdout
 
 
 def test_main_parses_options_and_exits_by_outcome(capsys):

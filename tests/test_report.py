@@ -222,6 +222,25 @@ def test_caveats_travel_with_the_numbers(tmp_path):
     assert "Caveat, alibi" not in text and "Caveat, rope" not in text
 
 
+def test_provenance_names_the_cpu_where_records_do(tmp_path):
+    """Records that name their CPU model and ATen kernels put them in the provenance section
+    and the cost notes, with how many records name none; records that name none (every one
+    made before records carried them) leave both as they were."""
+    write_runs(tmp_path / "old", three_seeds())
+    build_report(tmp_path / "old", echo=False)
+    old = (tmp_path / "old" / "report.md").read_text()
+    assert "ATen" not in old and "; CPU " not in old
+    cpu = {"cpu_model": "AMD EPYC", "cpu_capability": "AVX2"}
+    rows = [{**r, **cpu} if r["scheme"] == "alibi" else r for r in three_seeds()]
+    write_runs(tmp_path / "new", rows)
+    build_report(tmp_path / "new", echo=False)
+    text = (tmp_path / "new" / "report.md").read_text()
+    named = "AMD EPYC (AVX2) for 6 of 8 records; the others name no CPU"
+    assert f"- CPU (ATen kernels): {named}\n" in text
+    assert "(device cpu; torch 2.13.0): one wall-clock" in text  # the cost notes, then
+    assert f"CPU (ATen kernels): {named}.  \n" in text
+
+
 def test_empty_folder_is_one_line_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         report_main([str(tmp_path)])

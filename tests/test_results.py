@@ -132,3 +132,36 @@ def test_a_check_names_the_file_and_line(tmp_path):
     write_jsonl(tmp_path / "records.jsonl", [{"scheme": "rope"}, {"x": 1}])
     with pytest.raises(UserError, match=r"records.jsonl:2: lacks scheme"):
         load_records(tmp_path, lambda r: "" if "scheme" in r else "lacks scheme")
+
+
+def test_provenance_names_the_cpu_model_and_its_kernels(monkeypatch):
+    """What decides the last bits of a CPU run (docs/reliability.md#determinism): the CPU's
+    model and the vector kernels ATen dispatches to, as torch names them."""
+    import torch
+
+    from pe_bench import records
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr(records, "cpu_model", lambda: "AMD EPYC 9654 96-Core Processor")
+    fields = records.provenance(torch.device("cpu"))
+    assert fields["cpu_model"] == "AMD EPYC 9654 96-Core Processor"
+    assert fields["cpu_capability"] == "AVX512"
+    assert fields["hardware"].startswith("cpu (")  # as before: reports group by it
+
+
+def test_cpu_model_reads_the_model_name_line(monkeypatch, tmp_path):
+    from pe_bench import records
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD  EPYC\n")
+    real = Path
+
+    def fake_path(*args):
+        return cpuinfo if args == ("/proc/cpuinfo",) else real(*args)
+
+    records.cpu_model.cache_clear()
+    monkeypatch.setattr(records, "Path", fake_path)
+    try:
+        assert records.cpu_model() == "AMD EPYC"
+    finally:
+        records.cpu_model.cache_clear()

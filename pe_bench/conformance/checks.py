@@ -327,6 +327,49 @@ def check_logit_hooks(setup: Setup) -> str:
     return "; ".join(done)
 
 
+def check_attention_mask(setup: Setup) -> str:
+    scheme, s, pos = scheme_under_test(setup)
+    if not scheme.has_attention_mask:
+        raise Skipped("no attention_mask")
+    s_q, masked = max(1, s // 3), []
+    for layer in range(setup.dims.num_layers):
+        full = scheme.attention_mask(pos, pos, layer)
+        if full is None:
+            continue
+        if full.shape != (s, s) or full.dtype != torch.bool:
+            raise Failed(
+                f"attention_mask gave {full.dtype} {tuple(full.shape)} (layer {layer}), expected "
+                f"bool [s_q, s_k] = ({s}, {s})"
+            )
+        if not full.diagonal().all():
+            query = int((~full.diagonal()).nonzero()[0])
+            raise Failed(
+                f"attention_mask hides query {query} from its own key (layer {layer}): every "
+                "query must keep itself, or its row has no key to attend"
+            )
+        chunk = scheme.attention_mask(pos[-s_q:], pos, layer)
+        if chunk is None or not torch.equal(chunk, full[-s_q:]):
+            raise Failed(
+                f"the last {s_q} of {s} queries passed alone get another attention_mask than "
+                f"the same rows of the full one (layer {layer}): with s_q < s_k the queries "
+                "are the last s_q keys"
+            )
+        if scheme.relative and not torch.equal(
+            scheme.attention_mask(pos + 37, pos + 37, layer), full
+        ):
+            raise Failed(
+                f"declares relative = True, but its attention_mask changes when every "
+                f"position shifts by 37 (layer {layer}); set relative = False"
+            )
+        masked.append(layer)
+    if not masked:
+        return f"no layer of {setup.dims.num_layers} hides keys at length {s}"
+    return (
+        f"bool [s_q, s_k] in layers {', '.join(map(str, masked))}, every query keeps its own key, "
+        "the same rows for query chunks"
+    )
+
+
 def check_content_bias(setup: Setup) -> str:
     scheme, s, pos = scheme_under_test(setup)
     if not scheme.has_score_bias:

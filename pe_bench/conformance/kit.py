@@ -34,6 +34,10 @@ every term to count, e.g. zero-initialised tables) and verify:
   declares ``scales_bias`` has a content-free bias and a scale to put on it; and
   ``attention_weights`` (where overridden) is finite, non-negative, sums to at most 1 per
   query and puts no weight on a future key;
+- ``attention_mask``: where a scheme hides keys the causal rule allows (chunked or
+  sliding-window attention), the mask is bool ``[s_q, s_k]``, keeps every query's own key
+  (else its row has nothing to attend), gives the same rows for query chunks, and does not
+  move with the positions where the scheme declares ``relative``;
 - ``content_bias``: a bias declared content-free does not change with q and k (a fast path may
   cache it), and has no batch dimension;
 - ``shared_bias``: a bias declared shared (``shared_bias = True``) is the same in every layer,
@@ -58,6 +62,7 @@ from typing import Any
 import torch
 
 from pe_bench.conformance.checks import (
+    check_attention_mask,
     check_build,
     check_causality,
     check_content_bias,
@@ -135,6 +140,7 @@ CHECKS: dict[str, Callable[[Setup], str]] = {
     "gradients": check_gradients,
     "relative": check_relative,
     "logit_hooks": check_logit_hooks,
+    "attention_mask": check_attention_mask,
     "content_bias": check_content_bias,
     "shared_bias": check_shared_bias,
     "score_mod": check_score_mod,

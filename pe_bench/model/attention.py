@@ -7,7 +7,11 @@ and ``attn_mask`` with ``is_causal`` raises on some backends), by query chunks f
 windows; or, where ``model.attention`` picks FlexAttention (``use_flex``), the term goes in
 as a ``score_mod`` and no mask is built (``flex_attention``). A scheme that rewrites the
 logits or their normalisation (``modify_logits``, ``attention_weights``) attends through
-``explicit_attention``. ``reference_attention`` writes the math out; tests hold the paths equal.
+``explicit_attention``. A scheme that hides keys the causal rule allows (``attention_mask``:
+chunked or sliding-window attention) puts ``-inf`` on them in its float mask
+(``masked_logit_bias``) or its explicit path (``allowed_keys``), never through the fused
+causal kernel or FlexAttention. ``reference_attention`` writes the math out; tests hold the
+paths equal.
 
 Shapes: q ``[b, n_h, s_q, h_d]``, k and v ``[b, n_h, s_k, h_d]``; the queries are the last s_q
 of the s_k positions, so query i may see keys j <= s_k - s_q + i.
@@ -43,6 +47,28 @@ def masked_bias(bias: Tensor | None, q: Tensor, s_k: int) -> Tensor:
     while bias.dim() < 4:
         bias = bias.unsqueeze(0)  # [n_h, s_q, s_k] -> [1, n_h, s_q, s_k]
     return bias
+
+
+def allowed_keys(pe: PositionScheme, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+    """``[s_q, s_k]`` bool, True where the query may attend the key: the causal rule and the
+    scheme's ``attention_mask``, if it has one for this layer."""
+    allowed = causal_allowed(q_pos.shape[-1], k_pos.shape[-1], q_pos.device)
+    keep = pe.attention_mask(q_pos, k_pos, layer)
+    return allowed if keep is None else allowed & keep
+
+
+def masked_logit_bias(
+    pe: PositionScheme, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
+) -> Tensor | None:
+    """The scheme's ``logit_bias`` as the float-mask path adds it: -inf on the keys its
+    ``attention_mask`` hides (None: neither a bias nor a mask in this layer)."""
+    bias = pe.logit_bias(q, k, q_pos, k_pos, layer=layer)
+    keep = pe.attention_mask(q_pos, k_pos, layer)
+    if keep is None:
+        return bias
+    if bias is None:
+        bias = torch.zeros(keep.shape, device=q.device, dtype=torch.float32)
+    return bias.masked_fill(~keep, float("-inf"))
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -219,6 +245,7 @@ def explicit_attention(
             logits = scheme_logits(
                 pe, q[:, :, start:end], k[:, :, :end], pos[start:end], pos[:end], layer
             )
-            weights = pe.attention_weights(logits, causal_allowed(end - start, end, q.device))
+            allowed = allowed_keys(pe, pos[start:end], pos[:end], layer)
+            weights = pe.attention_weights(logits, allowed)
             outputs.append((weights @ v[:, :, :end].float()).to(q.dtype))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)

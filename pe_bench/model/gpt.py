@@ -33,6 +33,7 @@ from pe_bench.model.attention import (
     causal_attention,
     explicit_attention,
     flex_attention,
+    masked_logit_bias,
     use_flex,
 )
 from pe_bench.positions import ModelDims, PositionScheme, build_scheme
@@ -112,8 +113,8 @@ class CausalSelfAttention(nn.Module):
             y = explicit_attention(q, k, v, pos, pe, self.layer)
         elif score_mod is not None:  # the scheme's term inside FlexAttention
             y = flex_attention(q, k, v, score_mod)
-        elif pe.has_score_bias:  # the scheme's term in float masks, by query chunks
-            bias_fn = partial(pe.logit_bias, layer=self.layer)
+        elif pe.has_score_bias or pe.has_attention_mask:  # float masks, by query chunks
+            bias_fn = partial(masked_logit_bias, pe, layer=self.layer)
             y = biased_attention(q, k, v, pos, bias_fn, ctx.bias_cache)
         else:  # fused causal SDPA
             y = causal_attention(q, k, v)  # [b, n_h, s, h_d]
@@ -174,13 +175,15 @@ class GPT(nn.Module):
         seq_len = idx.shape[1]
         pos = self.pe.positions(seq_len, idx.device)  # [s]
         x = self.pe.embed(self.tok_emb(idx), pos)  # [b, s, d]
+        pe = self.pe
         flex = (
-            self.pe.has_score_bias
-            and not self.pe.has_logits_hook
+            pe.has_score_bias
+            and not (pe.has_logits_hook or pe.has_attention_mask)
             and use_flex(self.cfg.attention, self.cfg.num_heads, seq_len, torch.is_grad_enabled())
         )
-        # one mask for all layers, unless a per-layer scale multiplies it
-        bias_cache = {} if self.pe.shared_bias and not self.pe.scales_bias else None
+        # one mask for all layers, unless a per-layer scale multiplies it or a mask hides keys
+        shared = pe.shared_bias and not (pe.scales_bias or pe.has_attention_mask)
+        bias_cache = {} if shared else None
         ctx = ForwardContext(self.pe, pos, flex, bias_cache)
         for block in self.blocks:
             x = block(x, ctx)

@@ -75,6 +75,14 @@ class PositionScheme(nn.Module):
       ``allowed`` ``[s_q, s_k]`` into attention weights (softmax by default; stick-breaking
       attention replaces it). Weights on masked keys must be 0.
 
+    One more restricts which keys a query sees, besides the causal rule:
+
+    - ``attention_mask(q_pos, k_pos, layer)``: ``[s_q, s_k]`` bool, True where the query may
+      attend the key, or None (every earlier key): chunked or sliding-window attention (the
+      RoPE layers of Llama 4's iRoPE). It must keep each query's own key (a row with no key
+      has no softmax). Overriding it moves the scheme off the fused causal kernel and off
+      FlexAttention, to the float-mask path (or the explicit one, with the hooks above).
+
     A scheme whose ``score_bias`` is a fast path also defines ``score_bias_reference`` with
     the same signature: the formula written out, which the conformance kit
     (``pe_bench.conformance.kit``) holds equal to the fast path on every unmasked entry.
@@ -158,6 +166,12 @@ class PositionScheme(nn.Module):
     def has_score_bias(self) -> bool:
         """True when the scheme adds to the logits, which rules out the plain causal SDPA path."""
         return type(self).score_bias is not PositionScheme.score_bias
+
+    @property
+    def has_attention_mask(self) -> bool:
+        """True when the scheme hides keys the causal rule allows (``attention_mask``), which
+        rules out the fused causal path and FlexAttention's."""
+        return type(self).attention_mask is not PositionScheme.attention_mask
 
     @property
     def has_logits_hook(self) -> bool:
@@ -255,6 +269,11 @@ class PositionScheme(nn.Module):
         ``allowed`` ``[s_q, s_k]`` (True where the query may attend): the softmax over the
         allowed keys."""
         return logits.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+
+    def attention_mask(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor | None:
+        """Which keys each query may attend besides the causal rule: ``[s_q, s_k]`` bool
+        (True: may attend; each query's own key must stay), or None for every earlier key."""
+        return None
 
     # ---- finer hooks composed by transform_qk --------------------------------------------
 

@@ -19,11 +19,12 @@ The key is a hash of two parts:
   model calls are run on fixed inputs, in training and evaluation mode, below, at and past
   (3x) the training length, query chunks included: the positions, ``embed``, and for every
   layer the attention weights that ``transform_qk`` (``rotate``, ``logit_scale``),
-  ``score_bias``/``logit_bias``, ``modify_logits`` and ``attention_weights`` give; a RoPE
-  variant's ``frequencies`` and ``attention_factor`` too (what a pretrained model receives);
-  the state dict's names and shapes and the declared flags. So an edit of a formula anywhere
-  (a helper function or module, ``base.py``'s defaults) changes the key when it changes what
-  the hooks compute, and a refactor that computes the same numbers does not.
+  ``score_bias``/``logit_bias``, ``modify_logits``, ``attention_mask`` and
+  ``attention_weights`` give; a RoPE variant's ``frequencies`` and ``attention_factor`` too
+  (what a pretrained model receives); the state dict's names and shapes and the declared
+  flags. So an edit of a formula anywhere (a helper function or module, ``base.py``'s
+  defaults) changes the key when it changes what the hooks compute, and a refactor that
+  computes the same numbers does not.
 
 The numbers are made the same on every machine: the probe runs on the CPU in float64 (a
 scheme's own float32 casts are widened while the key is computed, ``Float64``), its inputs and
@@ -301,6 +302,10 @@ def _weights(
         logits = logits + bias
     s_q, s_k = logits.shape[-2:]
     allowed = torch.arange(s_k) <= torch.arange(s_k - s_q, s_k).unsqueeze(-1)
+    hides = getattr(scheme, "attention_mask", None)  # an older API lacks the hook
+    keep = hides(q_pos, k_pos, layer) if hides is not None else None
+    if keep is not None:  # keys a scheme hides (chunked attention); other schemes' keys as before
+        allowed = allowed & keep
     if hasattr(scheme, "attention_weights"):
         return scheme.attention_weights(logits, allowed)
     return logits.masked_fill(~allowed, float("-inf")).softmax(dim=-1)

@@ -125,16 +125,35 @@ class LeakyReRoPE(ReRoPE):
     (i + w (k - 1)) / k and k at j / k (``LlamaLinearScalingRotaryEmbedding`` with factor k,
     positions shifted by w (k - 1)), with log-n scaling of the queries as in ``rerope``.
 
-    Defaults: k = 16 as the patch; w = L_train / 4 as ``rerope`` (the patch: w = 512 of 4096).
+    The point of the slope is to keep every relative position within those the model was
+    trained on, 0 .. L_train - 1, as ReRoPE does: at a window of n tokens the largest is
+    w + (n - 1 - w) / k, so a k serves lengths up to w + (L_train - 1 - w) k + 1
+    (``max_positions``; longer ones are refused before any training). The patch fixes one k
+    (16, with w = 512 of Llama 2's 4096 tokens, which keeps 16k tokens at 1504) for every
+    length it evaluates; ``k: null`` picks that k for ``max_len``, the longest length the run
+    evaluates (the config sets it, ``${longest_eval_len:}``): the smallest k that keeps it in
+    range, k = max(1, (max_len - 1 - w) / (L_train - 1 - w)), used at every length. At the
+    zoo's L_train = 64, w = 16, up to 1024 tokens: k = 1007 / 47 = 21.43 (k = 16 reaches
+    16 + 1007 / 16 = 78.9 at 1024 and serves up to 769 tokens).
+
+    Defaults: k = 16 as the patch (the config's ``k: null`` picks it as above); w = L_train / 4
+    as ``rerope`` (the patch: w = 512 of 4096).
 
     Args:
         base (float): frequency base of the trained rope. Default: 10000.
         window (int | None): w. Default: None, meaning L_train / 4 (at least 1).
-        k (float): the slope 1/k past the window (k = 1 is plain RoPE). Default: 16.
+        k (float | None): the slope 1/k past the window (k = 1 is plain RoPE); None: the
+            smallest k that keeps ``max_len`` within the trained positions. Default: 16.
+        max_len (int | None): the longest length to serve, which ``k: null`` picks k for
+            (unused with a given k). Default: None.
         logn (bool): scale the queries by max(1, ln(p + 1) / ln L_train). Default: true.
     """
 
-    option_ranges: ClassVar[dict[str, Range]] = {**ReRoPE.option_ranges, "k": Range(ge=1)}
+    option_ranges: ClassVar[dict[str, Range]] = {
+        **ReRoPE.option_ranges,
+        "k": Range(ge=1),
+        "max_len": Range(ge=1),
+    }
 
     def __init__(
         self,
@@ -142,16 +161,59 @@ class LeakyReRoPE(ReRoPE):
         *,
         base: float = 10000.0,
         window: int | None = None,
-        k: float = 16.0,
+        k: float | None = 16.0,
+        max_len: int | None = None,
         logn: bool = True,
     ) -> None:
         super().__init__(dims, base=base, window=window, logn=logn)
+        k = self.fitting_k(max_len) if k is None else k
         if k < 1:
             raise UserError(f"leaky_rerope: k must be >= 1, got {k}")
         self.k = k
 
+    def fitting_k(self, max_len: int | None) -> float:
+        """The smallest k >= 1 whose largest relative position at ``max_len`` tokens,
+        w + (max_len - 1 - w) / k, is at most L_train - 1."""
+        trained, w = self.dims.train_len - 1, self.window
+        if max_len is None:
+            raise UserError(
+                "leaky_rerope: k: null picks k for max_len, the longest length to serve; give "
+                "max_len (the config sets it to the run's longest eval length) or k"
+            )
+        if w >= trained:
+            raise UserError(
+                f"leaky_rerope: k: null needs a window below L_train - 1 = {trained} (past it "
+                f"no k keeps the relative positions within training), got window {w}"
+            )
+        return max(1.0, (max_len - 1 - w) / (trained - w))
+
     def slope(self) -> float:
         return 1.0 / self.k
+
+    @property
+    def max_positions(self) -> int:
+        """The longest window whose relative positions all stay within 0 .. L_train - 1."""
+        trained, w = self.dims.train_len - 1, self.window
+        if w >= trained:  # past w every relative position is beyond training
+            return self.dims.train_len
+        return math.floor(w + (trained - w) * self.k + 1 + 1e-9)
+
+    def check_length(self, seq_len: int) -> None:
+        limit = self.max_positions
+        if seq_len > limit:
+            trained, w = self.dims.train_len - 1, self.window
+            reach = w + (seq_len - 1 - w) / self.k
+            need = (
+                f", or k >= {(seq_len - 1 - w) / (trained - w):.4g} for it (k: null picks "
+                "k for the longest eval length)"
+                if w < trained
+                else ""
+            )
+            raise UserError(
+                f"leaky_rerope cannot serve length {seq_len}: with window {w} and k = "
+                f"{self.k:g} its relative positions reach {reach:.1f}, past the 0..{trained} "
+                f"the model was trained on; allowed: lengths up to {limit}{need}"
+            )
 
 
 @register("self_extend")

@@ -1,6 +1,6 @@
 """RoPE's relatives from the zoo (issue 17): trained schemes that change which frequencies rotate
-(p-RoPE, HoPE, Resonance RoPE) or in which layers (RoPE/NoPE hybrid), and eval-time variants of
-a trained rope (NTK-by-parts, Llama 3, LongRoPE).
+(p-RoPE, HoPE, Resonance RoPE) or in which layers (the RoPE/NoPE hybrid, Llama 4's iRoPE), and
+eval-time variants of a trained rope (NTK-by-parts, Llama 3, LongRoPE).
 
 The trained schemes fix their frequencies at construction and edit RoPE's caches (``theta`` in
 float64 and the ``theta32`` the forward pass rotates with), so a frequency of 0 leaves its pair
@@ -120,18 +120,20 @@ class ResonanceRoPE(RoPE):
 
 @register("rope_nope_hybrid")
 class RoPENoPEHybrid(RoPE):
-    """RoPE in most layers, NoPE in every ``nope_every``-th one (Llama 4's iRoPE; Yang et al.
-    2025, "Rope to Nope and Back Again: A New Hybrid Attention Strategy",
-    https://arxiv.org/abs/2501.18795, as in Cohere Command A). Reference implementation: HF
-    transformers ``modeling_llama4.py`` (``use_rope = no_rope_layers[layer_idx]``, by default
-    ``(layer_idx + 1) % no_rope_layer_interval != 0``), whose layer pattern the tests pin.
+    """RoPE in most layers, NoPE in every ``nope_every``-th one, every layer attending to the
+    whole window: the plain interleaving of RoPE and NoPE layers. It is the layer pattern of
+    Llama 4's iRoPE and of Yang et al. 2025 ("Rope to Nope and Back Again: A New Hybrid
+    Attention Strategy", https://arxiv.org/abs/2501.18795, Cohere Command A) without what
+    both add to it: chunked or sliding-window attention in the RoPE layers, and in Llama 4 a
+    temperature on the NoPE layers' queries (``irope`` is Llama 4's recipe). Its records say
+    so in a caveat. The layer pattern is HF transformers ``modeling_llama4.py``'s
+    (``use_rope = no_rope_layers[layer_idx]``, by default ``(layer_idx + 1) %
+    no_rope_layer_interval != 0``), which the tests pin.
 
     Counting layers from 1, layers nope_every, 2 nope_every, ... (0-based indices
     nope_every - 1, 2 nope_every - 1, ...) are NoPE: q and k pass unrotated; the others are
-    RoPE. Both kinds are relative, so the model is. Only the position scheme alternates: every
-    layer attends to the whole window (Llama 4 and Command A give the RoPE layers chunked or
-    sliding-window attention, and Llama 4 a temperature to the NoPE layers' queries). A model
-    of fewer than ``nope_every`` layers has no NoPE layer (it is RoPE).
+    RoPE. Both kinds are relative, so the model is. A model of fewer than ``nope_every``
+    layers has no NoPE layer (it is RoPE).
 
     Args:
         base (float): frequency base of the RoPE layers. Default: 10000.
@@ -139,12 +141,17 @@ class RoPENoPEHybrid(RoPE):
     """
 
     option_ranges: ClassVar[dict[str, Range]] = {**RoPE.option_ranges, "nope_every": Range(ge=2)}
+    caveat = (
+        "every layer attends to the whole window: not Llama 4's iRoPE (irope), whose RoPE "
+        "layers attend within chunks and whose NoPE layers scale their queries, nor Command "
+        "A's sliding-window RoPE layers"
+    )
 
     def __init__(self, dims: ModelDims, *, base: float = 10000.0, nope_every: int = 4) -> None:
         super().__init__(dims, base=base)
         if nope_every < 2:
             raise UserError(
-                f"rope_nope_hybrid: nope_every must be >= 2 (1 would make every layer NoPE), "
+                f"{self.name}: nope_every must be >= 2 (1 would make every layer NoPE), "
                 f"got {nope_every}"
             )
         self.nope_every = nope_every
@@ -158,6 +165,99 @@ class RoPENoPEHybrid(RoPE):
         if self.is_nope(layer):
             return q, k
         return super().rotate(q, k, q_pos, k_pos, layer)
+
+
+ROPE_ATTENTION = ("chunked", "sliding")  # the values of irope's rope_attention
+
+
+@register("irope")
+class IRoPE(RoPENoPEHybrid):
+    """Llama 4's iRoPE (Meta 2025, "The Llama 4 herd",
+    https://ai.meta.com/blog/llama-4-multimodal-intelligence/; reference implementation HF
+    transformers ``modeling_llama4.py``, ``Llama4TextAttention``, and the masks of
+    ``masking_utils.py``): interleaved RoPE and NoPE layers (the layer pattern of
+    ``rope_nope_hybrid``), where
+
+    - each RoPE layer attends only within its chunk of ``window`` tokens: query i sees key
+      j <= i where i // window == j // window (``attention_chunk_size``, the layer type
+      ``chunked_attention``, HF's ``chunked_overlay``); or, with ``rope_attention:
+      sliding``, the last ``window`` keys, i - j < window (``sliding_window_overlay``, as
+      Command A's RoPE layers);
+    - each NoPE layer attends to every earlier key, its queries multiplied by Llama 4's
+      attention temperature log1p(floor((p + 1) / floor_scale)) * attn_scale + 1 at position p
+      (``attn_temperature_tuning``): 1 while p + 1 < floor_scale, then growing with the log
+      of the number of floor_scale-token spans (HF's code cites Scalable-Softmax, Nakanishi
+      2025, https://arxiv.org/abs/2501.19399, for it).
+
+    Llama 4's config sets attention_chunk_size = floor_scale = 8192 and attn_scale = 0.1;
+    here the window defaults to L_train and floor_scale to the window, so that training sees
+    whole windows (its RoPE layers are plain RoPE there and the temperature touches only its
+    last position) and, past L_train, no RoPE layer meets a relative position it has not
+    seen. Llama 4 Scout's L2 norm of q and k in the RoPE layers (``use_qk_norm``; Maverick
+    has none) belongs to its trunk and is not part of this scheme.
+
+    Not ``relative``: the chunks and the temperature read absolute positions.
+
+    Args:
+        base (float): frequency base of the RoPE layers. Default: 10000.
+        nope_every (int): period of the NoPE layers, >= 2. Default: 4 (Llama 4).
+        rope_attention (str): ``chunked`` (Llama 4) or ``sliding``. Default: chunked.
+        window (int | None): the chunk (or sliding window) of the RoPE layers in tokens.
+            Default: None, meaning L_train.
+        temperature_tuning (bool): scale the NoPE layers' queries. Default: true.
+        floor_scale (float | None): the temperature's span in tokens. Default: None, meaning
+            the window.
+        attn_scale (float): the temperature's strength. Default: 0.1.
+    """
+
+    relative = False
+    caveat = ""
+    option_ranges: ClassVar[dict[str, Range]] = {
+        **RoPENoPEHybrid.option_ranges,
+        "window": Range(ge=1),
+        "floor_scale": Range(gt=0),
+        "attn_scale": Range(ge=0),
+    }
+
+    def __init__(
+        self,
+        dims: ModelDims,
+        *,
+        base: float = 10000.0,
+        nope_every: int = 4,
+        rope_attention: str = "chunked",
+        window: int | None = None,
+        temperature_tuning: bool = True,
+        floor_scale: float | None = None,
+        attn_scale: float = 0.1,
+    ) -> None:
+        super().__init__(dims, base=base, nope_every=nope_every)
+        if rope_attention not in ROPE_ATTENTION:
+            raise UserError(
+                f"irope: rope_attention={rope_attention!r} is not one of "
+                f"{', '.join(ROPE_ATTENTION)}"
+            )
+        self.rope_attention = rope_attention
+        self.window = dims.train_len if window is None else window
+        self.temperature_tuning = temperature_tuning
+        self.floor_scale = float(self.window if floor_scale is None else floor_scale)
+        self.attn_scale = attn_scale
+
+    def attention_mask(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor | None:
+        if self.is_nope(layer):
+            return None  # the NoPE layers attend globally
+        i, j = q_pos.unsqueeze(-1), k_pos  # [s_q, 1], [s_k]
+        if self.rope_attention == "chunked":
+            return torch.div(i, self.window, rounding_mode="floor") == torch.div(
+                j, self.window, rounding_mode="floor"
+            )
+        return i - j < self.window
+
+    def logit_scale(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor | None:
+        if not (self.temperature_tuning and self.is_nope(layer)):
+            return None
+        spans = torch.floor((q_pos.float() + 1.0) / self.floor_scale)
+        return torch.log1p(spans) * self.attn_scale + 1.0  # [s_q], HF's order of operations
 
 
 @register("ntk_by_parts")
@@ -251,8 +351,10 @@ class LongRoPE(ScaledRoPE):
     run here. Defaults: short factors 1 (the trained rope below L_train, as Phi-3's are close
     to 1); long factors NTK-aware's per pair, lambda_k = s^(2k/(h_d-2)) (1 for the fastest
     pair, s for the slowest, growing with k as LongRoPE's searched factors do), so this row is
-    NTK's frequencies with LongRoPE's attention factor. Give ``long_factor`` (h_d/2 numbers,
-    e.g. searched ones) for a static list.
+    NTK's frequencies with LongRoPE's attention factor, and its records carry a caveat that
+    says so. Give searched factors as HF configs carry them (``rope_scaling.long_factor`` and
+    ``short_factor``, h_d/2 numbers each, for the target s): they are used as given, and the
+    caveat goes.
 
     Args:
         base (float): frequency base of the trained rope. Default: 10000.
@@ -289,6 +391,15 @@ class LongRoPE(ScaledRoPE):
         # empty: the NTK-aware rule, computed for each s
         long = torch.as_tensor(long_factor or [], dtype=torch.float64)
         self.register_buffer("long", long, persistent=False)
+
+    @property
+    def caveat(self) -> str:
+        if len(self.long):
+            return ""
+        return (
+            "its long factors are NTK-aware's s^(2k/(h_d-2)), not ones found by LongRoPE's "
+            "search (pass searched ones as long_factor)"
+        )
 
     def factors(self, seq_len: int) -> Tensor:
         """lambda_k for a context of ``seq_len`` keys: ``[h_d/2]`` float64."""

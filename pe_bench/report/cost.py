@@ -27,7 +27,7 @@ import pandas as pd
 from pe_bench.records import atomic_write_text
 from pe_bench.report import latex
 from pe_bench.report.aggregate import label_order
-from pe_bench.report.markdown import distinct, markdown_table, write_csv
+from pe_bench.report.markdown import cpu_kinds, distinct, markdown_table, write_csv
 
 # (column, header, record fields it needs, what the text calls it)
 RUN_COSTS = (
@@ -158,6 +158,9 @@ def cost_notes(df: pd.DataFrame, table: pd.DataFrame) -> list[str]:
         "compare times within one machine.",
     ]
     ok = df[df["status"] == "ok"]
+    kinds = cpu_kinds(ok)  # '' for records that name no CPU: the notes read as they did
+    if kinds:
+        notes.append(f"CPU (ATen kernels): {kinds}.")
     machines = ok["hardware"].nunique() if "hardware" in ok else 0
     if machines > 1:
         notes.append(

@@ -94,3 +94,21 @@ def distinct(df: pd.DataFrame, column: str) -> str:
 def one_cell(text: object) -> str:
     """``text`` fit for a table cell: one line, pipes escaped."""
     return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def cpu_kinds(df: pd.DataFrame) -> str:
+    """The CPUs the records name, each with the ATen kernels it ran (``AMD EPYC (AVX2)``),
+    and how many records name none (made before records carried ``cpu_model``); '' when no
+    record names one, so that a report of older records reads as it did."""
+    if "cpu_model" not in df or df["cpu_model"].isna().all():
+        return ""
+    named = df.dropna(subset=["cpu_model"])
+    kernels = named.get("cpu_capability", pd.Series(None, index=named.index, dtype=object))
+    kinds = sorted(
+        f"{model} ({'kernels unknown' if pd.isna(kernel) else kernel})"
+        for model, kernel in set(zip(named["cpu_model"], kernels, strict=True))
+    )
+    text = ", ".join(kinds)
+    if len(named) < len(df):
+        text += f" for {len(named):,} of {len(df):,} records; the others name no CPU"
+    return text

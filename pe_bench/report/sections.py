@@ -26,6 +26,7 @@ from pe_bench.report.markdown import (
     SKIPPED,
     SKIPPED_NOTE,
     caption,
+    cpu_kinds,
     distinct,
     format_value,
     markdown_table,
@@ -261,10 +262,18 @@ def provenance_markdown(df: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
         f"{shared_count(df, 'train_tokens')} tokens at L = {training_length(df)} per run",
         f"- hardware: {distinct(df, 'hardware')}; device {distinct(df, 'device')}; "
         f"torch {distinct(df, 'torch')}",
+        *cpu_line(df),
         f"- records dated {dates[0]} to {dates[-1]}" if dates else "- records undated",
         "- config hash: the suffix of each run id",
         "",
     ]
+
+
+def cpu_line(df: pd.DataFrame) -> list[str]:
+    """The provenance line naming the CPU model and ATen's CPU kernels, where records carry
+    them (none otherwise: a report of older records reads as it did)."""
+    kinds = cpu_kinds(df)
+    return [f"- CPU (ATen kernels): {kinds}"] if kinds else []
 
 
 def tokenizer_line(df: pd.DataFrame) -> list[str]:

@@ -32,7 +32,7 @@ from pe_bench.report.aggregate import TASK_METRICS
 from pe_bench.report.best import legend, value_marks
 from pe_bench.report.inputs import Options, Report, commands, report_lock
 from pe_bench.report.markdown import distinct, markdown_table, shared_count, shared_value, write_csv
-from pe_bench.report.sections import runs_markdown, trained_models, value_markdown
+from pe_bench.report.sections import cpu_line, runs_markdown, trained_models, value_markdown
 from pe_bench.report.significance import pairwise_tables, ranks_markdown
 
 TITLES = {"exact_match": "Exact match", "token_acc": "Token accuracy"}
@@ -328,6 +328,7 @@ def provenance(df: pd.DataFrame, tasks: list[str]) -> list[str]:
         "layers; training steps per run: "
         + ", ".join(f"{t} {shared_value(df[df['task'] == t], 'train_steps')}" for t in tasks),
         f"- hardware: {distinct(df, 'hardware')}; torch {distinct(df, 'torch')}",
+        *cpu_line(df),
         f"- records dated {dates[0]} to {dates[-1]}" if dates else "- records undated",
         "",
     ]

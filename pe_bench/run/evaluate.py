@@ -264,11 +264,15 @@ class EvalTask:
         return (self.variant, self.variant_hash, self.eval_len, self.mode, self.stride, self.tokens)
 
     def fields(self) -> dict[str, Any]:
-        """The record's key fields, with the probe's settings hash and the variant's code key
-        where it has them."""
+        """The record's key fields, with the probe's settings hash, the variant's code key and
+        the variant's caveat where it has them (a variant's caveat takes the place of its
+        trained scheme's on its records: the built-in variants apply to rope, which has
+        none)."""
         extra = {"probe_hash": self.probe_hash} if self.probe_hash else {}
         if self.variant_source:
             extra["variant_source"] = self.variant_source
+        if self.scheme is not None and self.scheme.caveat:
+            extra["caveat"] = self.scheme.caveat
         return dict(zip(RECORD_KEY, self.key(), strict=True)) | extra
 
 

@@ -54,7 +54,7 @@ from torch import Tensor
 
 from pe_bench.config import config_hash
 from pe_bench.errors import UserError
-from pe_bench.model.attention import MASK_BUDGET, causal_allowed, scheme_logits
+from pe_bench.model.attention import MASK_BUDGET, allowed_keys, scheme_logits
 from pe_bench.model.gpt import GPT, CausalSelfAttention, ForwardContext
 from pe_bench.records import make_record
 from pe_bench.report.aggregate import t_interval
@@ -411,7 +411,9 @@ def attention_weights(
     q_chunk, k_prefix = q[:, :, start:end], k[:, :, :end]
     pos = ctx.pos
     logits = scheme_logits(ctx.pe, q_chunk, k_prefix, pos[start:end], pos[:end], attn.layer)
-    return ctx.pe.attention_weights(logits, causal_allowed(end - start, end, q.device))
+    return ctx.pe.attention_weights(
+        logits, allowed_keys(ctx.pe, pos[start:end], pos[:end], attn.layer)
+    )
 
 
 @dataclass

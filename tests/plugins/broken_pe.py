@@ -170,3 +170,21 @@ class FutureWeights(PositionScheme):
 
     def attention_weights(self, logits: Tensor, allowed: Tensor) -> Tensor:
         return logits.softmax(dim=-1)
+
+
+@register("broken_self_hidden")
+class HidesItself(PositionScheme):
+    """Attends only to strictly earlier keys: the first query has nothing to attend."""
+
+    def attention_mask(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        return q_pos.unsqueeze(-1) > k_pos
+
+
+@register("broken_mask_rows")
+class FirstRowsMask(PositionScheme):
+    """A sliding window of 4 built from the query's index among those passed, not its
+    position: query chunks (s_q < s_k) get the first rows' mask."""
+
+    def attention_mask(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        i = torch.arange(len(q_pos), device=q_pos.device).unsqueeze(-1)
+        return (i - k_pos < 4) & (i >= k_pos)

@@ -10,8 +10,11 @@ import torch
 
 from pe_bench.errors import UserError
 from pe_bench.model.attention import attention_logits, causal_allowed
-from pe_bench.positions import build_scheme
+from pe_bench.positions import ModelDims, build_scheme
 from pe_bench.positions.rotary import rotate_half
+from pe_bench.run.config import RunConfig
+
+from ..helpers import compose
 
 
 def rope_at(rope, q: torch.Tensor, k: torch.Tensor, relative: torch.Tensor) -> torch.Tensor:
@@ -37,6 +40,7 @@ def test_rerope_defaults(dims):
     leaky = build_scheme({"name": "leaky_rerope"}, dims)
     assert (rerope.window, rerope.logn, rerope.variant_of) == (4, True, "rope")  # L_train / 4
     assert (leaky.window, leaky.k, leaky.logn) == (4, 16.0, True)  # the patch's k
+    assert leaky.max_positions == 4 + 11 * 16 + 1  # relative positions within 0..15
 
 
 def test_rerope_is_rope_within_the_window_and_rope_at_w_beyond(dims):
@@ -79,6 +83,80 @@ def test_leaky_rerope_with_k_one_is_rope(dims):
     q, k, pos = torch.randn(1, 4, 40, 8), torch.randn(1, 4, 40, 8), torch.arange(40)
     expected = attention_logits(rope, q, k, pos, pos)
     assert torch.allclose(attention_logits(leaky, q, k, pos, pos), expected, atol=1e-5)
+
+
+ZOO = ModelDims(d_model=128, num_heads=4, head_dim=32, num_layers=4, train_len=64)
+
+
+def largest_relative_position(scheme, n: int) -> float:
+    """The largest relative position ``scheme`` rotates a query and key to in a window of
+    ``n`` tokens: the far branch's, q_pos - k_pos at the last query and the first key."""
+    pos = torch.arange(n)
+    q_at, k_at = scheme.far_positions(pos, pos)
+    return float(q_at[-1] - k_at[0])
+
+
+def test_leaky_rerope_k_null_keeps_the_longest_eval_length_within_training():
+    """The zoo (L_train = 64, w = 16, up to 1024 tokens): k = 1007 / 47, so the query at 1023
+    sees key 0 at relative position 63, the largest training saw; the patch's k = 16 would
+    put it at 16 + 1007 / 16 = 78.9."""
+    leaky = build_scheme({"name": "leaky_rerope", "k": None, "max_len": 1024}, ZOO)
+    assert leaky.k == pytest.approx(1007 / 47)
+    assert largest_relative_position(leaky, 1024) == pytest.approx(63.0, abs=1e-4)
+    for n in (128, 256, 512):  # one k for every length: shorter windows stay further in
+        assert largest_relative_position(leaky, n) < 63
+    leaky.check_length(1024)
+    patch = build_scheme({"name": "leaky_rerope", "k": 16.0}, ZOO)
+    assert largest_relative_position(patch, 1024) == pytest.approx(16 + 1007 / 16, abs=1e-4)
+
+
+def test_leaky_rerope_refuses_a_length_its_k_takes_past_training_in_one_line():
+    patch = build_scheme({"name": "leaky_rerope", "k": 16.0}, ZOO)
+    assert patch.max_positions == 16 + 47 * 16 + 1  # 769: relative position 63 exactly
+    patch.check_length(769)
+    with pytest.raises(UserError) as err:
+        patch.check_length(1024)
+    assert str(err.value) == (
+        "leaky_rerope cannot serve length 1024: with window 16 and k = 16 its relative "
+        "positions reach 78.9, past the 0..63 the model was trained on; allowed: lengths up "
+        "to 769, or k >= 21.43 for it (k: null picks k for the longest eval length)"
+    )
+
+
+def test_leaky_rerope_k_null_without_a_length_or_with_a_wide_window_is_refused():
+    with pytest.raises(UserError, match=r"k: null picks k for max_len"):
+        build_scheme({"name": "leaky_rerope", "k": None}, ZOO)
+    with pytest.raises(UserError, match=r"window below L_train - 1 = 63 .*got window 63"):
+        build_scheme({"name": "leaky_rerope", "k": None, "max_len": 1024, "window": 63}, ZOO)
+    assert build_scheme({"name": "leaky_rerope", "k": None, "max_len": 40}, ZOO).k == 1.0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "longest"),
+    [(["experiment=zoo"], 1024), (["experiment=zoo", "eval.lengths=[64,300]"], 300)],
+)
+def test_leaky_rerope_config_picks_k_for_the_runs_longest_eval_length(overrides, longest):
+    """conf/pe/leaky_rerope.yaml: k: null and max_len the run's longest eval length
+    (``${longest_eval_len:}``), so the zoo's rows stay within training at every length."""
+    cfg = RunConfig.parse(compose(*overrides))
+    variant = cfg.eval.variants["leaky_rerope"]
+    assert (variant["k"], variant["max_len"]) == (None, longest)
+    leaky = build_scheme(variant, ZOO)
+    assert largest_relative_position(leaky, longest) == pytest.approx(63.0, abs=1e-4)
+    leaky.check_length(longest)
+
+
+def test_longest_eval_len_of_a_pretrained_model_is_its_context_times_the_factors_or_unknown():
+    """model=hf: the training length is the model's context, model.train_len; left null it
+    is read from the model's own config, which the Hydra config does not hold, so k: null
+    has no length to pick k for (a one-line error asks for k or max_len)."""
+    overrides = ["+pe@eval.variants.leaky_rerope=leaky_rerope", "model=hf", "model.name=x"]
+    cfg = compose(*overrides, "eval.factors=[1,2]")
+    assert cfg.eval.variants.leaky_rerope.max_len is None
+    cfg = compose(*overrides, "eval.factors=[1,2]", "model.train_len=256")
+    assert cfg.eval.variants.leaky_rerope.max_len == 512
+    cfg = compose(*overrides, "eval.lengths=[300,700]")
+    assert cfg.eval.variants.leaky_rerope.max_len == 700
 
 
 @pytest.mark.parametrize("name", ["rerope", "leaky_rerope"])

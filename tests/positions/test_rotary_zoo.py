@@ -14,6 +14,9 @@ from pe_bench.conformance import assert_conforms
 from pe_bench.errors import UserError
 from pe_bench.model.attention import attention_logits
 from pe_bench.positions import ModelDims, build_scheme
+from pe_bench.run.config import RunConfig
+
+from ..helpers import compose
 
 DIMS = ModelDims(d_model=32, num_heads=4, head_dim=8, num_layers=4, train_len=16)
 QUICK = ModelDims(d_model=128, num_heads=4, head_dim=32, num_layers=4, train_len=64)
@@ -388,6 +391,40 @@ def test_longrope_by_hand():
     q, k = torch.randn(1, 4, 64, 8), torch.randn(1, 4, 64, 8)
     ntk = build_scheme({"name": "ntk"}, DIMS)
     assert torch.allclose(logits(longrope, q, k, pos), 1.5 * logits(ntk, q, k, pos), atol=1e-4)
+
+
+def test_longrope_says_its_default_long_factors_are_ntks_not_searched():
+    assert (
+        "NTK-aware's s^(2k/(h_d-2)), not ones found by"
+        in build_scheme({"name": "longrope"}, DIMS).caveat
+    )
+    given = build_scheme({"name": "longrope", "long_factor": [1.0, 1.5, 2.5, 4.0]}, DIMS)
+    assert given.caveat == ""
+
+
+def test_longrope_takes_searched_factors_from_the_command_line_as_hf_does():
+    """Lists as an HF config carries them (``rope_scaling.long_factor`` / ``short_factor``),
+    given on the command line for the zoo's head_dim 32: the frequencies are HF
+    ``rope_type="longrope"``'s with the same lists, past L_train and within it."""
+    short = [1.0 + 0.005 * k for k in range(16)]
+    long = [1.0 + 3.0 * (k / 15) ** 1.5 for k in range(16)]
+    cfg = RunConfig.parse(
+        compose(
+            "experiment=zoo",
+            f"eval.variants.longrope.short_factor=[{','.join(map(str, short))}]",
+            f"eval.variants.longrope.long_factor=[{','.join(map(str, long))}]",
+        )
+    )
+    longrope = build_scheme(cfg.eval.variants["longrope"], QUICK)
+    assert longrope.caveat == ""
+    params = {"factor": 4.0, "original_max_position_embeddings": 64}
+    params |= {"short_factor": short, "long_factor": long}
+    hf_long, a = hf_rope("longrope", 32, 256, 256, **params)
+    hf_short, _ = hf_rope("longrope", 32, 256, 64, **params)
+    assert_same_frequencies(longrope.inv_freq(256), hf_long)
+    assert_same_frequencies(longrope.inv_freq(64), hf_short)
+    pos = torch.arange(256)
+    assert longrope.logit_scale(pos, pos, 0)[0].item() == pytest.approx(a * a, abs=1e-6)
 
 
 def test_longrope_refuses_a_factor_list_of_the_wrong_length():

@@ -143,7 +143,7 @@ def test_instances_pin_each_generation_rule():
     addition = [1, 17, 19, 16, 26, 24, 25, 23, 27, 17, 16, 18, 23]  # 130 + 897 = 1027
     assert draw(Addition(), 13).inputs == addition
     recall = draw(AssocRecall(num_kv_pairs=2), 13)
-    assert recall.inputs == [1, 60, 250, 20, 148, 20, 199, 223, 171, 166, 174, 60, 80]
+    assert recall.inputs == [1, 60, 250, 20, 148, 20, 199, 223, 171, 60, 174, 95, 80]
     assert recall.answers == [148, 250]
 
 

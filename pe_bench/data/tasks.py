@@ -32,6 +32,7 @@ never read.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -185,7 +186,9 @@ class AssocRecall(Task):
         keys = (torch.randperm(N_KEYS, generator=g)[:n] + KEYS).tolist()
         values = (torch.randperm(N_VALUES, generator=g)[:n] + VALUES).tolist()
         slots = self.slots(region // 2, g)
-        others = sorted(set(range(KEYS, VALUES + N_VALUES)) - set(keys) - set(values))
+        free = torch.ones(N_KEYS + N_VALUES, dtype=torch.bool)
+        free[[k - KEYS for k in keys + values]] = False
+        others = (free.nonzero().squeeze(1) + KEYS).tolist()
         queries = [others[i] for i in _randint(len(others), region, g)]
         targets = [IGNORE] * (2 * n + 1 + region)
         for key, value, slot in zip(keys, values, slots, strict=True):
@@ -196,13 +199,20 @@ class AssocRecall(Task):
 
     def law(self, slots: int) -> Tensor:
         """Zoology's power law over ``slots`` pair slots: ``p(g) ~ (g + 1)^(power_a - 1)``."""
-        weights = torch.arange(1, slots + 1, dtype=torch.float64) ** (self.power_a - 1)
-        return weights / weights.sum()
+        return _power_law(slots, self.power_a)
 
     def slots(self, slots: int, g: torch.Generator) -> list[int]:
-        """``num_kv_pairs`` distinct slots of ``slots``, drawn one after another by the law
-        (``torch.multinomial`` without replacement, as ``np.random.choice`` draws them)."""
-        return torch.multinomial(self.law(slots), self.pairs, generator=g).tolist()
+        """``num_kv_pairs`` distinct slots of ``slots``, drawn one after another by the law,
+        as ``np.random.choice(replace=False, p=law)`` draws them: the order of an exponential
+        race (``-log(u) / p``, ascending) is that of successive draws without replacement."""
+        race = -torch.rand(slots, generator=g, dtype=torch.float64).log() / self.law(slots)
+        return race.argsort()[: self.pairs].tolist()
+
+
+@functools.lru_cache(maxsize=64)
+def _power_law(slots: int, power_a: float) -> Tensor:
+    weights = torch.arange(1, slots + 1, dtype=torch.float64) ** (power_a - 1)
+    return weights / weights.sum()
 
 
 class FlipFlop(Task):

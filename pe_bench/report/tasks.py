@@ -61,6 +61,14 @@ MEANING = (
 )
 
 
+CHANCE = {
+    "flip_flop": " Chance is not 0: flip-flop's bits are right half the time by guessing.",
+    "assoc_recall": (
+        " Associative recall's token accuracy is 1/n by guessing among the n values in context."
+    ),
+}
+
+
 def task_order(tasks: list[str]) -> list[str]:
     """Tasks in ``TASKS`` order, unknown ones after them alphabetically."""
     known = [t for t in TASKS if t in tasks]
@@ -206,8 +214,7 @@ def task_markdown(root: Path, out: Path, df: pd.DataFrame, report: Report, tasks
         f"{shared_count(df, 'tokens')} instances at each input length (in tokens; "
         f"{'; '.join(grids)})."
     )
-    chance = " Chance is not 0: flip-flop's bits are right half the time by guessing."
-    meaning = MEANING + (chance if "flip_flop" in tasks else "")
+    meaning = MEANING + "".join(CHANCE[t] for t in tasks if t in CHANCE)
     lines = [f"# Synthetic task report: {root.resolve().name}", "", summary, "", meaning, ""]
     tied = [
         t

@@ -11,7 +11,13 @@ import yaml
 
 from pe_bench.errors import UserError
 from pe_bench.positions import registered
-from pe_bench.report.compare import CITATION_FIELDS, SETUP_FIELDS, load_published, load_ranking
+from pe_bench.report.compare import (
+    CITATION_FIELDS,
+    SETUP_FIELDS,
+    load_published,
+    load_ranking,
+    resolve,
+)
 
 ALL_PUBLISHED = sorted((Path(__file__).parents[1] / "results" / "published").glob("*.yaml"))
 RANKINGS = [p for p in ALL_PUBLISHED if yaml.safe_load(p.read_text())["metric"] == "mrr"]
@@ -125,3 +131,14 @@ def test_kazemnejad_figure_1_order():
 def test_a_perplexity_table_is_not_a_ranking():
     with pytest.raises(UserError, match="not a published ranking"):
         load_ranking("published/alibi_paper")
+
+
+def test_a_ranking_says_how_the_paper_breaks_ties(tmp_path):
+    ranking = load_ranking("published/kazemnejad_paper")
+    assert ranking.tie_order == ["rope", "alibi", "t5", "sinusoidal", "nope"]  # its rows, in order
+    assert ranking.setup["splits"] == 17 and ranking.setup["seeds"] == 3
+    doc = yaml.safe_load(resolve("published/kazemnejad_paper").read_text())
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({**doc, "tie_order": ["rope", "alibi"]}))
+    with pytest.raises(UserError, match="tie_order must list every row's label once"):
+        load_ranking(path)

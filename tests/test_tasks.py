@@ -15,14 +15,14 @@ from pe_bench.data.tasks import (
     BIT0,
     BOS,
     DIGITS,
+    EOS,
     EQUALS,
+    GENERATOR_VERSION,
     IGNORE,
-    KEYS,
     PLUS,
     READ,
     SEP,
     TASKS,
-    VALUES,
     WRITE,
     Addition,
     AssocRecall,
@@ -38,7 +38,7 @@ from pe_bench.report import aggregate
 from pe_bench.report.build import build_report
 from pe_bench.run.evaluate import TaskScore, score_instances
 
-from .helpers import record, write_runs
+from .helpers import compose, record, write_runs
 
 LENGTHS = [4, 5, 16, 31, 64, 257]
 
@@ -53,68 +53,98 @@ def test_instances_fit_their_length_start_with_bos_and_have_an_answer(name, leng
     task = build_task({"task": name})
     length = max(length, task.min_length)
     inst = draw(task, length)
-    assert length - 3 < inst.input_len <= length  # as long as the shape allows (steps of <= 3)
-    assert inst.tokens[0] == BOS and len(inst.answer) == len(inst.tokens)
-    assert any(inst.answer) and not inst.answer[0]
-    assert all(0 <= t < 256 for t in inst.tokens)
+    assert inst.input_len <= length and len(inst.targets) == inst.input_len
+    if name != "addition":  # addition's shorter operand may leave the input shorter
+        assert length - 2 < inst.input_len  # as long as the shape allows (steps of <= 2)
+    assert inst.inputs[0] == BOS and inst.targets[0] == IGNORE and inst.answers
+    assert all(0 <= t < 256 for t in inst.inputs + inst.answers)
 
 
 @pytest.mark.parametrize("length", LENGTHS)
-def test_copy_and_reverse_answer_the_string_before_sep(length):
+def test_copy_and_reverse_answer_the_string_then_eos(length):
     copy, rev = draw(Copy(), length), draw(Reverse(), length)
-    n = (length - 1) // 2
-    x = copy.tokens[1 : n + 1]
-    assert copy.tokens == [BOS, *x, SEP, *x] and rev.tokens == [BOS, *x, SEP, *x[::-1]]
-    assert copy.answer == [False] * (n + 2) + [True] * n == rev.answer
+    n = (length - 2) // 2
+    x = copy.inputs[1 : n + 1]
+    assert copy.inputs == [BOS, *x, SEP, *x] and rev.inputs == [BOS, *x, SEP, *x[::-1]]
+    assert copy.answers == [*x, EOS] and rev.answers == [*x[::-1], EOS]
+    assert copy.targets[: n + 1] == [IGNORE] * (n + 1) == rev.targets[: n + 1]
+    assert copy.targets[-1] == EOS  # read after the last symbol: stopping there is scored
     assert all(16 <= t < 16 + 64 for t in x)
 
 
 @pytest.mark.parametrize("length", LENGTHS)
 def test_flip_flop_reads_the_latest_write(length):
     inst = draw(FlipFlop(), length)
-    ops, bits = inst.tokens[1::2], [t - BIT0 for t in inst.tokens[2::2]]
+    tokens = [*inst.inputs, inst.targets[-1]]  # the last read's bit is a target only
+    ops, bits = tokens[1::2], [t - BIT0 for t in tokens[2::2]]
     assert ops[0] == WRITE and ops[-1] == READ and set(bits) <= {0, 1}
     memory = None
     for i, (op, bit) in enumerate(zip(ops, bits, strict=True)):
         if op == WRITE:
             memory = bit
-        assert inst.answer[2 + 2 * i] == (op == READ)
+        assert (inst.targets[1 + 2 * i] != IGNORE) == (op == READ)
         if op == READ:
-            assert bit == memory
+            assert bit == memory and inst.targets[1 + 2 * i] == BIT0 + bit
 
 
 def test_flip_flop_ignores_with_its_probability():
     inst = draw(FlipFlop(ignore_prob=0.8), 20_000)
-    ops = inst.tokens[1::2]
+    ops = inst.inputs[1::2]
     share = {op: ops.count(op) / len(ops) for op in set(ops)}
     assert share[WRITE] == pytest.approx(0.1, abs=0.01) and share[READ] == pytest.approx(
         0.1, abs=0.01
     )
 
 
-@pytest.mark.parametrize("length", LENGTHS)
-def test_assoc_recall_answers_each_query_with_its_keys_value(length):
-    inst = draw(AssocRecall(), length)
-    pairs = list(zip(inst.tokens[1::2], inst.tokens[2::2], strict=True))
-    n = min(128, max(1, len(pairs) // 2))
-    table = dict(pairs[:n])
-    assert len(table) == n  # distinct keys
-    assert all(KEYS <= k < KEYS + 128 and VALUES <= v < 256 for k, v in pairs)
-    for i, (key, value) in enumerate(pairs[n:]):
-        assert table[key] == value and inst.answer[2 * (n + i) + 2]
-    assert sum(inst.answer) == len(pairs) - n
+def addition_parts(inst) -> tuple[str, str, str]:
+    """a, b and the answer (without EOS) of an addition instance, as digit strings."""
+    symbols = {PLUS: "+", EQUALS: "="}
+    text = "".join(symbols.get(t, str(t - DIGITS)) for t in inst.inputs[1:])
+    a, b = text.split("=")[0].split("+")
+    assert inst.answers[-1] == EOS
+    return a, b, "".join(str(t - DIGITS) for t in inst.answers[:-1])
 
 
-@pytest.mark.parametrize("length", [6, 9, 27, 90])
-def test_addition_answers_the_sum_with_its_leading_zero(length):
-    inst = draw(Addition(), length)
-    n = (length - 3) // 3
-    text = "".join(
-        "+" if t == PLUS else "=" if t == EQUALS else str(t - DIGITS) for t in inst.tokens[1:]
-    )
-    a, b, total = text.replace("+", " ").replace("=", " ").split()
-    assert len(a) == len(b) == n and len(total) == n + 1 and int(a) + int(b) == int(total)
-    assert (n == 1 or a[0] != "0") and inst.answer == [False] * (2 * n + 3) + [True] * (n + 1)
+@pytest.mark.parametrize("length", [7, 9, 28, 31, 52])
+def test_addition_answers_the_sum_with_its_leading_zero_then_eos(length):
+    m = (length - 4) // 3
+    for seed in range(20):
+        inst = draw(Addition(), length, seed)
+        a, b, total = addition_parts(inst)
+        assert max(len(a), len(b)) == m and len(total) == m + 1 and int(a) + int(b) == int(total)
+        assert all(len(d) == 1 or d[0] != "0" for d in (a, b))
+        assert inst.targets[-len(total) - 1 :] == inst.answers  # the answer ends the input
+
+
+def test_addition_mixes_operand_lengths_as_mcgills_bins():
+    """McGill-NLP/length-generalization's make_addition_dataset.py (train_min 4): training
+    bins (a, b) in [4, 8]^2; test bins with one operand of 9-16 digits and the other of 4-16.
+    Grouped by the longer operand (the eval length), every bin is drawn, uniformly."""
+    seen = {}
+    for m in range(9, 17):
+        for seed in range(400):
+            a, b, _ = addition_parts(draw(Addition(), 3 * m + 4, seed))
+            seen[len(a), len(b)] = seen.get((len(a), len(b)), 0) + 1
+    test_bins = {(a, b) for a in range(4, 17) for b in range(4, 17) if max(a, b) >= 9}
+    assert set(seen) == test_bins
+    twelve = [n for (a, b), n in seen.items() if max(a, b) == 12]
+    assert len(twelve) == 17 and min(twelve) > 400 / 17 / 2  # uniform over its 17 bins
+    train = {tuple(map(len, addition_parts(draw(Addition(), 28, s))[:2])) for s in range(300)}
+    assert train == {(a, b) for a in range(4, 9) for b in range(4, 9) if max(a, b) == 8}
+
+
+def test_instances_pin_each_generation_rule():
+    """Reference instances (seed 0): a change here changes every task record; bump
+    GENERATOR_VERSION with it."""
+    assert GENERATOR_VERSION == 2
+    assert draw(Copy(), 8).inputs == [1, 60, 63, 69, 2, 60, 63, 69]
+    assert draw(Reverse(), 8).answers == [69, 63, 60, EOS]
+    assert draw(FlipFlop(), 8).inputs == [1, 3, 7, 5, 7, 3, 7, 4]
+    addition = [1, 17, 19, 16, 26, 24, 25, 23, 27, 17, 16, 18, 23]  # 130 + 897 = 1027
+    assert draw(Addition(), 13).inputs == addition
+    recall = draw(AssocRecall(num_kv_pairs=2), 13)
+    assert recall.inputs == [1, 60, 250, 20, 148, 20, 199, 223, 171, 60, 174, 95, 80]
+    assert recall.answers == [148, 250]
 
 
 @pytest.mark.parametrize("name", list(TASKS))
@@ -135,11 +165,10 @@ def test_evaluation_instances_are_fixed_and_not_the_training_ones():
 
 
 def test_batches_pad_after_the_instance_and_target_only_the_answer():
-    inst = draw(Copy(), 7)  # 7 input tokens, padded to 10
+    inst = draw(Copy(), 7)  # 6 input tokens, padded to 10
     x, y = batch([inst], 10)
-    assert x[0].tolist() == [*inst.tokens[:-1], 0, 0, 0]
-    answers = [t if a else IGNORE for t, a in zip(inst.tokens[1:], inst.answer[1:], strict=True)]
-    assert y[0].tolist() == answers + [IGNORE] * 3
+    assert x[0].tolist() == [*inst.inputs, 0, 0, 0, 0]
+    assert y[0].tolist() == [IGNORE] * 3 + inst.answers + [IGNORE] * 4
 
 
 def test_training_lengths_cover_every_length_up_to_the_training_length():
@@ -167,13 +196,15 @@ class Oracle(nn.Module):
 
 def test_exact_match_needs_every_answer_token_and_token_accuracy_counts_each():
     data = load_task({"task": "copy"})
-    x, y = data.eval_instances(6, 21)  # 10 answer tokens each
+    x, y = data.eval_instances(6, 22)  # 10 symbols and EOS: 11 answer tokens each
+    assert (y[:, -1] == EOS).all()  # the last input's target: the answer stops there
     wrong = torch.zeros_like(y, dtype=torch.bool)
-    wrong[0, -1] = wrong[1, -1] = wrong[1, -2] = True  # instance 0: 1 wrong, instance 1: 2
-    score = score_instances(Oracle(y, wrong), x, y, batch_tokens=42, device=torch.device("cpu"))
+    wrong[0, -1] = True  # instance 0: every symbol right, but it runs on past the answer
+    wrong[1, -2] = wrong[1, -3] = True  # instance 1: 2 symbols wrong
+    score = score_instances(Oracle(y, wrong), x, y, batch_tokens=44, device=torch.device("cpu"))
     assert (score.solved, score.instances) == (4, 6)
-    assert (score.right, score.answer_tokens) == (57, 60)
-    assert score.exact_match == pytest.approx(4 / 6) and score.token_acc == pytest.approx(0.95)
+    assert (score.right, score.answer_tokens) == (63, 66)
+    assert score.exact_match == pytest.approx(4 / 6) and score.token_acc == pytest.approx(63 / 66)
 
 
 def test_draws_pool_into_rates_over_every_draw():
@@ -354,3 +385,129 @@ def test_task_report_ranks_token_accuracy_where_exact_match_is_zero_past_the_len
     assert "Rank by token accuracy" in text and "1 of 2 pairs are separated" in text
     assert (tmp_path / "tables" / "copy_token_acc_ranks.csv").exists()
     assert re.search(r"\| scheme +\| task +\| seed", text)  # a run's task in the runs table
+
+
+def ranking_rows(task: str, scores: dict[str, tuple[float, float]], seed: int = 0) -> list[dict]:
+    """One run per scheme: (exact match, token accuracy) at 2x, solved at 1x."""
+    return [
+        {
+            "task": task,
+            "label": lab,
+            "scheme": lab,
+            "variant": "none",
+            "seed": seed,
+            "run_id": f"{lab}-{task}-{seed}",
+            "eval_len": n,
+            "train_len": 16,
+            "exact_match": 1.0 if n == 16 else exact,
+            "token_acc": 1.0 if n == 16 else token,
+        }
+        for lab, (exact, token) in scores.items()
+        for n in (16, 32)
+    ]
+
+
+def test_reciprocal_ranks_rank_each_task_by_its_headline_metric():
+    """Flip-flop's exact match compounds per-read errors: every scheme 0 at 2x; the share of
+    reads right still orders them, and it is flip-flop's headline."""
+    rows = ranking_rows("flip_flop", {"nope": (0.0, 0.6), "rope": (0.0, 0.9)})
+    by_exact = aggregate.reciprocal_ranks(pd.DataFrame(rows)).set_index("label")
+    assert by_exact["flip_flop"].tolist() == [1, 1]
+    table = aggregate.reciprocal_ranks(pd.DataFrame(rows), {"flip_flop": "token_acc"})
+    assert table.set_index("label")["mrr"].to_dict() == {"nope": 0.5, "rope": 1.0}
+    assert TASKS["flip_flop"].headline == "token_acc" == TASKS["assoc_recall"].headline
+    assert {TASKS[t].headline for t in ("copy", "reverse", "addition")} == {"exact_match"}
+
+
+def test_reciprocal_ranks_break_ties_as_the_papers_notebook_does():
+    """The notebook ranks with ``rank(method="first")`` over its rows (Rotary, ALiBi, T5,
+    sinusoidal, NoPE): a tie goes to the row listed first."""
+    order = ["rope", "alibi", "t5", "sinusoidal", "nope"]
+    tied = {lab: (0.0, 0.1) for lab in ["nope", "sinusoidal", "t5", "rope", "alibi"]}
+    rows = ranking_rows("copy", tied) + ranking_rows("copy", {**tied, "nope": (0.2, 0.3)}, 1)
+    df = pd.DataFrame(rows)
+    shared = aggregate.reciprocal_ranks(df).set_index("label")["mrr"]
+    first = aggregate.reciprocal_ranks(df, tie_order=order).set_index("label")["mrr"]
+    assert shared.to_dict() == {
+        "nope": 1.0,
+        "sinusoidal": 0.75,
+        "t5": 0.75,
+        "rope": 0.75,
+        "alibi": 0.75,
+    }
+    notebook = {}
+    for seed in (0, 1):
+        cell = pd.Series({lab: tied[lab][0] for lab in order})
+        cell["nope"] = 0.2 if seed else 0.0
+        for lab, rank in cell.rank(method="first", ascending=False).items():
+            notebook[lab] = notebook.get(lab, 0) + 1 / rank / 2
+    assert first.to_dict() == pytest.approx(notebook)
+    assert first["rope"] == pytest.approx((1 + 1 / 2) / 2) and first["nope"] == pytest.approx(0.6)
+
+
+def test_the_comparison_shows_both_tie_rules_and_what_the_paper_averages_over(tmp_path):
+    from pe_bench.report.inputs import Options
+
+    scores = {"nope": (0.0, 0.2), "t5": (0.0, 0.4), "alibi": (0.1, 0.5), "rope": (0.0, 0.3)}
+    scores["sinusoidal"] = (0.0, 0.1)
+    rows = [
+        record(
+            r["scheme"],
+            r["seed"],
+            r["eval_len"],
+            0.0,
+            mode="task",
+            corpus="task:copy",
+            **{k: r[k] for k in ("task", "exact_match", "token_acc")},
+        )
+        for r in ranking_rows("copy", scores)
+    ]
+    write_runs(tmp_path, rows)
+    report = build_report(
+        tmp_path, options=Options(compare="published/kazemnejad_paper"), echo=False
+    )
+    table = report.tables["compare"].set_index("label")
+    assert table.loc["alibi", "ours"] == 1 and table.loc["nope", "ours"] == 0.5  # shared rank 2
+    assert table.loc["rope", "first"] == 0.5 and table.loc["nope", "first"] == 0.2  # rope first
+    text = report.path.read_text()
+    assert "averages over the paper's 17 task splits and 3 seeds" in text
+    assert "this run ranks 1 task (copy) over 1 seed" in text
+    assert 'rank(method="first")' in text and "ours, ties as the paper" in text
+    assert "The comparison itself uses the shared rank" in text
+    assert "greedy decoding to EOS" in text
+
+
+def test_flip_flops_headline_is_token_accuracy_in_the_report(tmp_path):
+    flip = {"mode": "task", "task": "flip_flop", "corpus": "task:flip_flop"}
+    write_runs(
+        tmp_path,
+        [
+            record(s, seed, n, 0.0, **flip, exact_match=float(n == 16), token_acc=token)
+            for seed in range(2)
+            for s, past in (("nope", 0.6), ("rope", 0.9))
+            for n, token in ((16, 1.0), (32, past + 0.01 * seed))
+        ],
+    )
+    report = build_report(tmp_path, echo=False)
+    section = report.path.read_text().split("## flip_flop")[1]
+    assert section.index("Token accuracy (headline") < section.index("Exact match:")
+    assert report.tables["mrr"].set_index("label")["flip_flop"].tolist() == [2, 1]
+    assert "ranked by token accuracy" in report.path.read_text()
+
+
+@pytest.mark.parametrize(
+    ("split", "train", "test"),
+    [("copy", 20, range(21, 41)), ("reverse", 20, range(21, 41)), ("addition", 8, range(9, 17))],
+)
+def test_kazemnejad_splits_pool_every_test_length_the_paper_pools(split, train, test):
+    """McGill-NLP/length-generalization's cmc_tr20_ts40, mc_tr20_ts40 and len_tr8_ts16: trained
+    up to 20 symbols (8 digits), tested on every length of 21-40 symbols (9-16 digits) alike."""
+    cfg = compose(f"task=kazemnejad_{split}", "data=task")
+    task, lengths = build_task(cfg.data), list(cfg.eval.lengths)
+
+    def size(length: int) -> int:  # symbols, or the longer operand's digits
+        inst = draw(task, length)
+        return len(inst.answers) - 1 - (split == "addition")
+
+    assert lengths[0] == cfg.train.seq_len and size(cfg.train.seq_len) == train
+    assert [size(n) for n in lengths[1:]] == list(test)

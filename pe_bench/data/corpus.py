@@ -69,6 +69,8 @@ class DataConfig:
     task: str | None = None  # task: a name in pe_bench.data.tasks.TASKS, e.g. flip_flop
     alphabet: Annotated[int, Range(ge=2, le=240)] = 64  # task: symbols of copy and reverse
     ignore_prob: Annotated[float, Range(ge=0, lt=1)] = 0.8  # task: flip-flop's p_i
+    num_kv_pairs: Annotated[int, Range(ge=1, le=64)] = 4  # task: assoc_recall's pairs
+    power_a: Annotated[float, Range(gt=0, le=1)] = 0.01  # task: assoc_recall's gap law
     eval_instances: Annotated[int, Range(ge=1)] = 128  # task: instances scored per length
     tokenizer: str = BYTE  # byte, bpe or hf:<name or folder> (pe_bench.data.tokenizer)
     # bpe: symbols to train, > 256 (tokenizer.check_spec says why; byte and hf: have their own)

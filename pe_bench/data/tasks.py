@@ -8,22 +8,31 @@ https://arxiv.org/abs/2305.19466) and Ruoss et al. (2023, https://arxiv.org/abs/
 
 - **Loss only on answer tokens**: targets that are not part of the answer are ``IGNORE``.
 - **Scoring**: per-sequence exact match (every answer token's argmax right) and per-token
-  accuracy, both teacher-forced. Exact match under teacher forcing equals exact match of greedy
-  decoding (if every token is right given the right prefix, greedy decoding writes that
-  prefix); per-token accuracy is the teacher-forced one.
+  accuracy, both teacher-forced. Copy's, reverse's and addition's answers end with ``EOS``,
+  which is scored like their other tokens, so exact match under teacher forcing equals exact
+  match of greedy decoding to EOS, as McGill-NLP/length-generalization scores (if every token
+  and EOS is right given the right prefix, greedy decoding writes that prefix and stops
+  there; an answer that stops early or runs on fails); per-token accuracy is the
+  teacher-forced one. Each task's ``headline`` metric is the one its paper reports: exact
+  match, or token accuracy for flip-flop (the share of reads right) and associative recall
+  (the share of queries right).
 - **Determinism**: an instance depends only on its generator's seed. Training instances come
   from the training generator (``train.seed``, as the data order of an LM run); evaluation
   instances of length L from a generator seeded by ``eval_seed(L)`` and validation ones by
   ``VALID_SEED``: fixed seeds drawn once, disjoint from any training seed, the same for every
   scheme and seed, so scores are paired.
 
-Tokens are ids below 256 (the byte models' vocabulary): ``PAD``, ``BOS`` and ``SEP``, then
-each task's own symbols (a model trains on one task, so the tasks' ranges may overlap). Every
-instance starts with ``BOS``, which counts in its input length.
+Tokens are ids below 256 (the byte models' vocabulary): ``PAD``, ``BOS``, ``SEP`` and ``EOS``,
+then each task's own symbols (a model trains on one task, so the tasks' ranges may overlap).
+Every instance starts with ``BOS``, which counts in its input length. An instance is the
+model's input and a target at each input position (``IGNORE`` where nothing is scored): a
+target is usually the next input token, but not in associative recall, whose answers are
+never read.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -40,11 +49,12 @@ from pe_bench.errors import UserError
 IGNORE = -100  # F.cross_entropy's ignore_index: targets outside the answer
 PAD, BOS, SEP = 0, 1, 2  # every instance starts with BOS (NoPE counts positions from it)
 WRITE, READ, IGNORE_OP, BIT0 = 3, 4, 5, 6  # flip-flop: instructions, then bits 0 and 1 (6, 7)
+EOS = 8  # copy, reverse and addition: the answer's end, scored like its other tokens
 SYMBOLS = 16  # copy and reverse draw from SYMBOLS .. SYMBOLS + alphabet - 1 (alphabet <= 240)
-KEYS, N_KEYS = 64, 128  # associative recall: keys 64..191
-VALUES, N_VALUES = 192, 64  # and values 192..255
+KEYS, N_KEYS = 16, 120  # associative recall: keys 16..135
+VALUES, N_VALUES = 136, 120  # and values 136..255 (Zoology: two halves of the vocabulary)
 DIGITS, PLUS, EQUALS = 16, 26, 27  # addition: digits 0-9 are 16..25
-GENERATOR_VERSION = 1  # bump when a generation rule changes: it changes every task's hash
+GENERATOR_VERSION = 2  # bump when a generation rule changes: it changes every task's hash
 VALID_SEED = 0x5EED_0001_0000  # above any seed a user types; eval seeds are higher still
 EVAL_SEED = 0x5EED_0002_0000
 
@@ -56,28 +66,43 @@ def eval_seed(length: int) -> int:
 
 @dataclass(frozen=True)
 class Instance:
-    """One instance: ``tokens`` (ids) and ``answer`` (True where ``tokens[i]`` is an answer
-    token, predicted from ``tokens[:i]``). The model's input is ``tokens[:-1]``."""
+    """One instance: the model's ``inputs`` and, at each input position, the token it is
+    scored on there (``targets``; ``IGNORE`` where it is not scored)."""
 
-    tokens: list[int]
-    answer: list[bool]
+    inputs: list[int]
+    targets: list[int]
+
+    @classmethod
+    def sequence(cls, tokens: list[int], answer: list[bool]) -> Instance:
+        """A sequence read left to right: the model reads ``tokens[:-1]`` and is scored on
+        ``tokens[i]`` (predicted from ``tokens[:i]``) where ``answer[i]``."""
+        targets = [t if a else IGNORE for t, a in zip(tokens[1:], answer[1:], strict=True)]
+        return cls(tokens[:-1], targets)
 
     @property
     def input_len(self) -> int:
-        return len(self.tokens) - 1
+        return len(self.inputs)
+
+    @property
+    def answers(self) -> list[int]:
+        """The scored tokens, in order."""
+        return [t for t in self.targets if t != IGNORE]
 
 
 class Task(ABC):
     """A task: ``make(length, g)`` is the largest instance whose input has at most ``length``
-    tokens (exactly ``length`` where the task's shape allows), drawn from ``g``."""
+    tokens (exactly ``length`` where the task's shape allows), drawn from ``g``. ``headline``
+    is the metric its paper reports and the report ranks it by."""
 
     name: ClassVar[str]
-    min_length: ClassVar[int]
+    min_length: int  # the shortest input an instance can have (an option may set it)
+    headline: ClassVar[str] = "exact_match"
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> Task:
-        """The task with the options its constructor names (``alphabet``, ``ignore_prob``)
-        taken from a ``data=task`` config, which ``data.DataConfig`` has checked."""
+        """The task with the options its constructor names (``alphabet``, ``ignore_prob``,
+        ``num_kv_pairs``, ``power_a``) taken from a ``data=task`` config, which
+        ``data.DataConfig`` has checked."""
         params = inspect.signature(cls.__init__).parameters.values()
         names = [p.name for p in params if p.kind is p.KEYWORD_ONLY]
         return cls(**{name: cfg[name] for name in names if cfg.get(name) is not None})
@@ -100,11 +125,13 @@ def _randint(high: int, n: int, g: torch.Generator) -> list[int]:
 class Copy(Task):
     """Copy (Kazemnejad et al. 2023's *Copy*; Ruoss et al. 2023's *duplicate string*).
 
-    ``BOS x_1 .. x_n SEP x_1 .. x_n`` with ``x_i`` uniform over ``alphabet`` symbols; the
-    answer is the second ``x`` (``n`` tokens). Input length ``2n + 1``: ``n = (length-1)//2``.
+    ``BOS x_1 .. x_n SEP x_1 .. x_n EOS`` with ``x_i`` uniform over ``alphabet`` symbols; the
+    answer is the second ``x`` and ``EOS`` (``n + 1`` scored tokens: exact match needs the
+    answer to stop where it should, as greedy decoding to EOS does). Input length ``2n + 2``:
+    ``n = (length - 2) // 2``.
     """
 
-    name, min_length = "copy", 3
+    name, min_length = "copy", 4
 
     def __init__(self, *, alphabet: int = 64) -> None:
         self.alphabet = alphabet
@@ -113,15 +140,16 @@ class Copy(Task):
         return x
 
     def make(self, length: int, g: torch.Generator) -> Instance:
-        n = (length - 1) // 2
+        n = (length - 2) // 2
         x = [SYMBOLS + s for s in _randint(self.alphabet, n, g)]
-        return Instance([BOS, *x, SEP, *self.body(x)], [False] * (n + 2) + [True] * n)
+        tokens = [BOS, *x, SEP, *self.body(x), EOS]
+        return Instance.sequence(tokens, [False] * (n + 2) + [True] * (n + 1))
 
 
 class Reverse(Copy):
     """Reverse (Kazemnejad et al. 2023's *Reverse*; Ruoss et al. 2023's *reverse string*).
 
-    ``BOS x_1 .. x_n SEP x_n .. x_1``: copy's input, the answer reversed.
+    ``BOS x_1 .. x_n SEP x_n .. x_1 EOS``: copy's input, the answer reversed.
     """
 
     name = "reverse"
@@ -131,28 +159,60 @@ class Reverse(Copy):
 
 
 class AssocRecall(Task):
-    """Multi-query associative recall (MQAR; Arora et al. 2023, Zoology,
-    https://arxiv.org/abs/2312.04927; Ba et al. 2016).
+    """Multi-query associative recall (MQAR) as Zoology generates it (Arora et al. 2023,
+    https://arxiv.org/abs/2312.04927; HazyResearch/zoology ``multiquery_ar``).
 
-    ``BOS k_1 v_1 .. k_n v_n q_1 a_1 .. q_m a_m``: ``n`` key-value pairs (distinct keys from
-    128, values uniform over 64), then ``m`` queries, each a key drawn uniformly from the
-    ``n`` with its value as the answer. Input length ``2n + 2m``: ``n = m = length // 4`` (one
-    more query when ``length // 2`` is odd), and beyond 128 pairs every further token pair is
-    a query.
+    ``BOS k_1 v_1 .. k_n v_n``, then a query region: ``n = num_kv_pairs`` distinct keys (of
+    120 symbols) with distinct values (of 120 others), then each key asked exactly once, at a
+    pair slot of the region drawn by Zoology's power law (slot ``g`` with weight
+    ``(g + 1)^(power_a - 1)``, without replacement, the first pair's key drawn first); every
+    other token of the region, the one after each query included, is a random key or value
+    symbol that is none of this instance's. The model is scored at each query on its key's
+    value, which it never reads there: each value appears once in the input, in its pair.
+    The number of pairs is the same at every length, so a longer input is a longer query
+    region (queries farther from their pairs, among more distractors): length
+    generalisation measures recall at distances never trained on, under the same memory
+    load. Input length ``length``; its region has ``length - 1 - 2n >= 2n`` tokens.
     """
 
-    name, min_length = "assoc_recall", 4
+    name, headline = "assoc_recall", "token_acc"  # Zoology scores the share of queries right
+
+    def __init__(self, *, num_kv_pairs: int = 4, power_a: float = 0.01) -> None:
+        self.pairs, self.power_a = num_kv_pairs, power_a
+        self.min_length = 4 * num_kv_pairs + 1
 
     def make(self, length: int, g: torch.Generator) -> Instance:
-        total = length // 2  # token pairs
-        n = min(N_KEYS, max(1, total // 2))
+        n, region = self.pairs, length - 1 - 2 * self.pairs
         keys = (torch.randperm(N_KEYS, generator=g)[:n] + KEYS).tolist()
-        values = [VALUES + v for v in _randint(N_VALUES, n, g)]
-        asked = _randint(n, total - n, g)
-        tokens = [BOS, *(t for k, v in zip(keys, values, strict=True) for t in (k, v))]
-        tokens += [t for i in asked for t in (keys[i], values[i])]
-        answer = [False] * (2 * n + 1) + [False, True] * len(asked)
-        return Instance(tokens, answer)
+        values = (torch.randperm(N_VALUES, generator=g)[:n] + VALUES).tolist()
+        slots = self.slots(region // 2, g)
+        free = torch.ones(N_KEYS + N_VALUES, dtype=torch.bool)
+        free[[k - KEYS for k in keys + values]] = False
+        others = (free.nonzero().squeeze(1) + KEYS).tolist()
+        queries = [others[i] for i in _randint(len(others), region, g)]
+        targets = [IGNORE] * (2 * n + 1 + region)
+        for key, value, slot in zip(keys, values, slots, strict=True):
+            queries[2 * slot] = key
+            targets[2 * n + 1 + 2 * slot] = value
+        pairs = [t for pair in zip(keys, values, strict=True) for t in pair]
+        return Instance([BOS, *pairs, *queries], targets)
+
+    def law(self, slots: int) -> Tensor:
+        """Zoology's power law over ``slots`` pair slots: ``p(g) ~ (g + 1)^(power_a - 1)``."""
+        return _power_law(slots, self.power_a)
+
+    def slots(self, slots: int, g: torch.Generator) -> list[int]:
+        """``num_kv_pairs`` distinct slots of ``slots``, drawn one after another by the law,
+        as ``np.random.choice(replace=False, p=law)`` draws them: the order of an exponential
+        race (``-log(u) / p``, ascending) is that of successive draws without replacement."""
+        race = -torch.rand(slots, generator=g, dtype=torch.float64).log() / self.law(slots)
+        return race.argsort()[: self.pairs].tolist()
+
+
+@functools.lru_cache(maxsize=64)
+def _power_law(slots: int, power_a: float) -> Tensor:
+    weights = torch.arange(1, slots + 1, dtype=torch.float64) ** (power_a - 1)
+    return weights / weights.sum()
 
 
 class FlipFlop(Task):
@@ -161,11 +221,12 @@ class FlipFlop(Task):
     ``m`` instruction-bit pairs: the first instruction is write, the last read, the others are
     ignore with probability ``ignore_prob`` (the paper's p_i = 0.8) and write or read with
     (1 - p_i) / 2 each. The bit after write or ignore is uniform; the bit after read is the
-    bit of the latest write, and is the answer. ``BOS`` first: input length ``2m``, so
-    ``m = length // 2``.
+    bit of the latest write, and is the answer (the paper scores each read: its headline is
+    the share of read bits right, token accuracy here). ``BOS`` first: input length ``2m``,
+    so ``m = length // 2``.
     """
 
-    name, min_length = "flip_flop", 4
+    name, min_length, headline = "flip_flop", 4, "token_acc"
 
     def __init__(self, *, ignore_prob: float = 0.8) -> None:
         self.ignore_prob = ignore_prob
@@ -182,7 +243,7 @@ class FlipFlop(Task):
                 memory = bit
             tokens += [op, BIT0 + (memory if op == READ else bit)]
             answer += [False, op == READ]
-        return Instance(tokens, answer)
+        return Instance.sequence(tokens, answer)
 
     @staticmethod
     def instruction(i: int, m: int, u: float, half: float) -> int:
@@ -195,23 +256,38 @@ class FlipFlop(Task):
 
 
 class Addition(Task):
-    """Addition (Kazemnejad et al. 2023's *Addition*, after Nye et al. 2021; no scratchpad).
+    """Addition (Kazemnejad et al. 2023's *Addition*, after Nye et al. 2021; no scratchpad),
+    operand lengths mixed as McGill-NLP/length-generalization's ``make_addition_dataset.py``
+    mixes them.
 
-    ``BOS a_1 .. a_n PLUS b_1 .. b_n EQUALS s_0 s_1 .. s_n``: two ``n``-digit numbers, most
-    significant digit first and uniform over ``[10^(n-1), 10^n)`` (``[0, 10)`` for one digit),
-    then their sum as ``n + 1`` digits (a leading 0 where it has ``n``), which is the answer.
-    Input length ``3n + 3``: ``n = (length - 3) // 3``. The paper counts lengths in digits per
-    operand (trained up to 8, tested at 9-16) and writes the sum without the leading 0.
+    ``BOS a PLUS b EQUALS s_0 .. s_m EOS``: numbers most significant digit first, the longer
+    operand of ``m`` digits, the digit counts of (a, b) uniform over McGill's bins whose longer
+    count is ``m`` (the shorter from min(4, m) to m: its ``train_min`` is 4), each number
+    uniform over its digit count's range (``[10^(d-1), 10^d)``, ``[0, 10)`` for one digit);
+    then the sum as ``m + 1`` digits (a leading 0 where it has ``m``) and ``EOS``, which are
+    the answer. Input length at most ``3m + 4`` (both operands of ``m`` digits), so
+    ``m = (length - 4) // 3``: an instance of length L has its longer operand as long as L
+    allows, and a test length needs only one operand past the training range, as McGill's
+    test split does. The paper writes the sum without the leading 0.
     """
 
-    name, min_length = "addition", 6
+    name, min_length = "addition", 7
+    SHORTEST = 4  # McGill's train_min: the shorter operand's fewest digits (m permitting)
 
     def make(self, length: int, g: torch.Generator) -> Instance:
-        n = (length - 3) // 3
-        a, b = (self.number(n, g) for _ in "ab")
-        digits = [DIGITS + int(d) for d in f"{a}"] + [PLUS] + [DIGITS + int(d) for d in f"{b}"]
-        total = [DIGITS + int(d) for d in f"{a + b:0{n + 1}d}"]
-        return Instance([BOS, *digits, EQUALS, *total], [False] * (2 * n + 3) + [True] * (n + 1))
+        m = (length - 4) // 3
+        low = min(self.SHORTEST, m)
+        bins = [(m, k) for k in range(low, m + 1)] + [(k, m) for k in range(low, m)]
+        digits_a, digits_b = bins[_randint(len(bins), 1, g)[0]]
+        a, b = self.number(digits_a, g), self.number(digits_b, g)
+        question = [*self.digits(f"{a}"), PLUS, *self.digits(f"{b}"), EQUALS]
+        total = [*self.digits(f"{a + b:0{m + 1}d}"), EOS]
+        tokens = [BOS, *question, *total]
+        return Instance.sequence(tokens, [False] * (len(question) + 1) + [True] * len(total))
+
+    @staticmethod
+    def digits(text: str) -> list[int]:
+        return [DIGITS + int(d) for d in text]
 
     @staticmethod
     def number(n: int, g: torch.Generator) -> int:
@@ -241,8 +317,9 @@ class TaskData:
         self, batch_size: int, seq_len: int, generator: torch.Generator
     ) -> tuple[Tensor, Tensor]:
         """Inputs and targets ``[b, seq_len]``: one instance per row, its input length uniform
-        over [min_length, seq_len], padded after its end (a causal model never sees padding
-        before a token); targets outside the answer are ``IGNORE``."""
+        over [min_length, seq_len] (addition's: the length its longer operand fills), padded
+        after its end (a causal model never sees padding before a token); targets outside the
+        answer are ``IGNORE``."""
         lengths = torch.randint(
             self.task.min_length, seq_len + 1, (batch_size,), generator=generator
         )
@@ -266,10 +343,8 @@ def batch(instances: list[Instance], seq_len: int) -> tuple[Tensor, Tensor]:
     x = torch.full((len(instances), seq_len), PAD, dtype=torch.long)
     y = torch.full((len(instances), seq_len), IGNORE, dtype=torch.long)
     for row, inst in enumerate(instances):
-        n = inst.input_len
-        x[row, :n] = torch.tensor(inst.tokens[:-1])
-        targets = torch.tensor(inst.tokens[1:])
-        y[row, :n] = torch.where(torch.tensor(inst.answer[1:]), targets, IGNORE)
+        x[row, : inst.input_len] = torch.tensor(inst.inputs)
+        y[row, : inst.input_len] = torch.tensor(inst.targets)
     return x, y
 
 
@@ -284,6 +359,7 @@ def build_task(cfg: Mapping[str, Any]) -> Task:
 def load_task(cfg: Mapping[str, Any]) -> TaskData:
     """The ``TaskData`` of a ``data=task`` config."""
     task = build_task(cfg)
-    settings = {k: cfg.get(k) for k in ("task", "alphabet", "ignore_prob")}
+    options = ("task", "alphabet", "ignore_prob", "num_kv_pairs", "power_a")
+    settings = {k: cfg.get(k) for k in options}
     text = json.dumps({**settings, "version": GENERATOR_VERSION}, sort_keys=True)
     return TaskData(task, f"task:{task.name}", hashlib.sha256(text.encode()).hexdigest())

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -412,22 +412,48 @@ def training_curves(curve: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns)
 
 
-def reciprocal_ranks(df: pd.DataFrame, metric: str = "exact_match") -> pd.DataFrame:
+def reciprocal_ranks(
+    df: pd.DataFrame,
+    metrics: Mapping[str, str] | None = None,
+    tie_order: Sequence[str] | None = None,
+) -> pd.DataFrame:
     """Kazemnejad et al. (2023)'s summary over synthetic tasks: for each task and seed, each
-    label's ``metric`` averaged over the eval lengths beyond the training length (the paper
-    pools its test lengths), labels ranked (1 = highest), and 1/rank averaged over every
-    (task, seed). Ties share the better rank; the paper's notebook breaks them by row order
-    instead (``method="first"``). A point ranking, as the paper's: which differences the
-    seeds support is in each task's pairwise table. Columns: label, the mean rank in each
-    task, mrr, n (the (task, seed) cells); labels in label order."""
-    beyond = df[df["eval_len"] > df["train_len"]].dropna(subset=[metric])
-    cells = beyond.groupby(["task", "seed", "label"])[metric].mean()
-    ranks = cells.groupby(level=["task", "seed"]).rank(ascending=False, method="min")
+    label's metric (``metrics[task]``, exact match where not named) averaged over the eval
+    lengths beyond the training length (the paper pools its test lengths, each as many
+    instances), labels ranked (1 = highest), and 1/rank averaged over every (task, seed).
+    Ties share the better rank; with ``tie_order`` they are broken by it instead, as the
+    paper's notebook does (``rank(method="first")`` over its rows: a label earlier in
+    ``tie_order`` ranks ahead, labels not in it after those, in label order). A point
+    ranking, as the paper's: which differences the seeds support is in each task's pairwise
+    table. Columns: label, the mean rank in each task, mrr, n (the (task, seed) cells);
+    labels in label order."""
+    beyond = df[df["eval_len"] > df["train_len"]]
+    metric = beyond["task"].map(lambda task: (metrics or {}).get(task, "exact_match"))
+    value = pd.Series(np.nan, index=beyond.index)
+    for name in metric.unique():
+        value[metric == name] = beyond.loc[metric == name, name]
+    cells = beyond.assign(value=value).dropna(subset=["value"])
+    cells = cells.groupby(["task", "seed", "label"])["value"].mean()
+    if tie_order is None:
+        ranks = cells.groupby(level=["task", "seed"]).rank(ascending=False, method="min")
+    else:
+        ranks = first_ranks(cells, [*tie_order, *label_order(df)])
     table = ranks.groupby(level=["label", "task"]).mean().unstack("task")
     by_label = (1 / ranks).groupby(level="label")
     table = table.assign(mrr=by_label.mean(), n=by_label.size())
     order = [lab for lab in label_order(df) if lab in table.index]
     return table.reindex(order).rename_axis("label").reset_index()
+
+
+def first_ranks(cells: pd.Series, order: list[str]) -> pd.Series:
+    """Ranks 1..k of ``cells`` (indexed by task, seed, label) within each (task, seed),
+    highest first, ties broken by ``order`` (the earlier label ranks ahead)."""
+    position = {label: i for i, label in reversed(list(enumerate(order)))}
+    frame = cells.rename("value").reset_index()
+    frame["position"] = frame["label"].map(position)
+    frame = frame.sort_values(["task", "seed", "value", "position"], ascending=[1, 1, 0, 1])
+    frame["rank"] = frame.groupby(["task", "seed"]).cumcount() + 1.0
+    return frame.set_index(["task", "seed", "label"])["rank"].reindex(cells.index)
 
 
 Z95 = 1.959963984540054  # the 97.5% normal quantile

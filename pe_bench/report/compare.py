@@ -378,6 +378,7 @@ class PublishedRanking:
     citation: dict
     setup: dict
     values: pd.DataFrame  # name, label, value
+    tie_order: list[str] | None = None  # labels in the order the paper breaks ties (if it does)
 
     def cite(self) -> str:
         authors = self.citation["authors"]
@@ -406,28 +407,42 @@ def load_ranking(name: str | Path) -> PublishedRanking:
         [[r["name"], r.get("label"), float(r["value"])] for r in rows],
         columns=["name", "label", "value"],
     )
-    return PublishedRanking(path.name.removesuffix(".yaml"), doc["citation"], doc["setup"], values)
+    tie_order = doc.get("tie_order")
+    if tie_order is not None and (
+        not isinstance(tie_order, list) or sorted(tie_order) != sorted(values["label"].dropna())
+    ):
+        raise UserError(f"{where}: tie_order must list every row's label once, got {tie_order!r}")
+    name = path.name.removesuffix(".yaml")
+    return PublishedRanking(name, doc["citation"], doc["setup"], values, tie_order)
 
 
-def ranking_comparison(ours: pd.DataFrame, published: PublishedRanking) -> pd.DataFrame:
+def ranking_comparison(
+    ours: pd.DataFrame, published: PublishedRanking, first: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """The paper's MRR and ours per scheme both have (``ours``: ``aggregate.reciprocal_ranks``
-    rows), with each side's rank among those schemes, and the rank order's Kendall tau as an
-    attribute (``.attrs['tau']``, over the pairs neither side ties)."""
+    rows, ties sharing a rank), with each side's rank among those schemes, and the rank
+    order's Kendall tau as an attribute (``.attrs['tau']``, over the pairs neither side
+    ties). ``first``: our MRR with ties broken as the paper breaks them, beside it
+    (``first``, ``first_rank``; its tau is ``.attrs['tau_first']``)."""
     paper = published.values.dropna(subset=["label"]).set_index("label")["value"]
     mine = ours.set_index("label")["mrr"]
     both = [label for label in paper.index if label in mine.index]
     table = pd.DataFrame({"paper": paper[both], "ours": mine[both]})
     table["paper_rank"] = table["paper"].rank(ascending=False, method="min").astype(int)
     table["ours_rank"] = table["ours"].rank(ascending=False, method="min").astype(int)
-    agree = disagree = 0
-    for a, b in itertools.combinations(both, 2):
-        sign = math.copysign(1, table.at[a, "paper"] - table.at[b, "paper"]) * math.copysign(
-            1, table.at[a, "ours"] - table.at[b, "ours"]
-        )
-        if (
-            table.at[a, "paper"] != table.at[b, "paper"]
-            and table.at[a, "ours"] != table.at[b, "ours"]
-        ):
-            agree, disagree = agree + (sign > 0), disagree + (sign < 0)
-    table.attrs["tau"] = kendall_tau(agree, disagree)
+    table.attrs["tau"] = ranking_tau(table["paper"], table["ours"])
+    if first is not None:
+        table["first"] = first.set_index("label")["mrr"].reindex(both)
+        table["first_rank"] = table["first"].rank(ascending=False, method="min").astype(int)
+        table.attrs["tau_first"] = ranking_tau(table["paper"], table["first"])
     return table.rename_axis("label").reset_index()
+
+
+def ranking_tau(paper: pd.Series, ours: pd.Series) -> float:
+    """Kendall's tau of two orders of the same labels, over the pairs neither side ties."""
+    agree = disagree = 0
+    for a, b in itertools.combinations(paper.index, 2):
+        if paper[a] != paper[b] and ours[a] != ours[b]:
+            sign = math.copysign(1, paper[a] - paper[b]) * math.copysign(1, ours[a] - ours[b])
+            agree, disagree = agree + (sign > 0), disagree + (sign < 0)
+    return kendall_tau(agree, disagree)

@@ -27,11 +27,19 @@ import pandas as pd
 
 from pe_bench.data.tasks import TASKS
 from pe_bench.records import TASK_MODE, atomic_write_text
-from pe_bench.report import aggregate, compare, cost, figures, latex
+from pe_bench.report import aggregate, cost, figures, latex
 from pe_bench.report.aggregate import TASK_METRICS
 from pe_bench.report.best import legend, value_marks
 from pe_bench.report.inputs import Options, Report, commands, report_lock
-from pe_bench.report.markdown import distinct, markdown_table, shared_count, shared_value, write_csv
+from pe_bench.report.markdown import distinct, shared_count, shared_value, write_csv
+from pe_bench.report.ranking import (
+    compare_markdown,
+    compare_section,
+    headlines,
+    mrr_markdown,
+    mrr_section,
+    ranking_tables,
+)
 from pe_bench.report.sections import cpu_line, runs_markdown, trained_models, value_markdown
 from pe_bench.report.significance import pairwise_tables, ranks_markdown
 
@@ -42,11 +50,23 @@ MEANING = (
     "training length, with the loss on answer tokens only; it is scored on fixed evaluation "
     "instances (drawn from seeds no training run uses, the same for every scheme and seed) "
     "at each length. **Exact match** is the fraction of instances whose every answer token "
-    "is the model's top prediction given the right answer so far (this equals exact match of "
-    "greedy decoding); **token accuracy** is the fraction of answer tokens predicted right "
-    "given the right prefix. Cells are means over seeds with a 95% t-interval (clipped to "
-    "[0, 1])."
+    "is the model's top prediction given the right answer so far; copy's, reverse's and "
+    "addition's answers end with an end-of-sequence token that is scored too, so exact match "
+    "equals exact match of greedy decoding to EOS (as McGill-NLP/length-generalization scores "
+    "Kazemnejad et al.'s tasks): an answer that stops early or runs on fails. **Token "
+    "accuracy** is the fraction of answer tokens predicted right given the right prefix. "
+    "Each task's headline metric is the one its paper reports: exact match, and token "
+    "accuracy for flip-flop (the share of reads right) and associative recall (of queries). "
+    "Cells are means over seeds with a 95% t-interval (clipped to [0, 1])."
 )
+
+
+CHANCE = {
+    "flip_flop": " Chance is not 0: flip-flop's bits are right half the time by guessing.",
+    "assoc_recall": (
+        " Associative recall's token accuracy is 1/n by guessing among the n values in context."
+    ),
+}
 
 
 def task_order(tasks: list[str]) -> list[str]:
@@ -72,11 +92,7 @@ def build_task_report(
             pairwise = pairwise_tables(rows, stats, metric, higher_is_better=True)
             report.tables[f"{task}_{metric}"] = stats[metric]
             report.tables |= {f"{task}_{metric}_{kind}": t for kind, t in pairwise.items()}
-    report.tables["mrr"] = aggregate.reciprocal_ranks(df)
-    if options.compare:
-        published = compare.load_ranking(options.compare)
-        report.tables["compare"] = compare.ranking_comparison(report.tables["mrr"], published)
-        report.tables["compare"].attrs["cite"] = published.cite()
+    report.tables |= ranking_tables(df, list(per_task), options.compare)
     report.tables["cost"] = cost.cost_table(df)
     with report_lock(out):
         write_task_tables(out / "tables", report, list(per_task))
@@ -135,7 +151,8 @@ def write_task_latex(folder: Path, report: Report, tasks: list[str]) -> list[Pat
     top = mrr["mrr"].max()
     keyed = {(lab, "MRR"): "best" for lab in mrr.loc[mrr["mrr"] == top, "label"]}
     title = (
-        "Mean rank per task and mean reciprocal rank (MRR) of exact match past the training length."
+        "Mean rank per task and mean reciprocal rank (MRR) past the training length, each task "
+        "ranked by its headline metric."
     )
     written.append(
         latex.write(
@@ -169,21 +186,6 @@ def draw_task_figures(
     return drawn
 
 
-def mrr_markdown(mrr: pd.DataFrame, tasks: list[str]) -> str:
-    """Mean rank per task (over seeds), the mean reciprocal rank and its (task, seed) cells."""
-    rows = [
-        [
-            row["label"],
-            *("–" if pd.isna(row.get(t)) else f"{row[t]:.2g}" for t in tasks),
-            "–" if pd.isna(row["mrr"]) else f"{row['mrr']:.2f}",
-            str(row["n"]),
-        ]
-        for _, row in mrr.iterrows()
-    ]
-    header = ["scheme", *(f"rank: {t}" for t in tasks), "MRR", "n"]
-    return markdown_table(header, rows, "l" + "r" * (len(tasks) + 2))
-
-
 def learned_note(stats: pd.DataFrame, train_len: int) -> str:
     """Which labels solve the task at the training length (mean exact match >= ``LEARNED``):
     past it, a label that never learned the task shows no extrapolation, only its absence."""
@@ -195,29 +197,6 @@ def learned_note(stats: pd.DataFrame, train_len: int) -> str:
         f"Not learned at the training length (exact match < {LEARNED} at L = {train_len}): "
         f"{', '.join(missed)}; their numbers at longer lengths say nothing about extrapolation."
     )
-
-
-def compare_markdown(table: pd.DataFrame) -> str:
-    rows = [
-        [r.label, f"{r.paper:.2f} ({r.paper_rank})", f"{r.ours:.2f} ({r.ours_rank})"]
-        for r in table.itertuples()
-    ]
-    return markdown_table(["scheme", "paper", "ours"], rows, "lrr")
-
-
-def compare_section(table: pd.DataFrame) -> list[str]:
-    tau = table.attrs["tau"]
-    return [
-        f"## Compared with {table.attrs['cite']}",
-        "",
-        "Mean reciprocal rank (rank among these schemes). The paper's models, tasks and budget "
-        "are far larger (see results/published); compare the order, not the values. "
-        f"Kendall's tau of the two orders: {'–' if pd.isna(tau) else f'{tau:.2f}'} "
-        "(1: the same order, -1: reversed).",
-        "",
-        compare_markdown(table),
-        "",
-    ]
 
 
 def task_markdown(root: Path, out: Path, df: pd.DataFrame, report: Report, tasks: list[str]) -> str:
@@ -235,12 +214,18 @@ def task_markdown(root: Path, out: Path, df: pd.DataFrame, report: Report, tasks
         f"{shared_count(df, 'tokens')} instances at each input length (in tokens; "
         f"{'; '.join(grids)})."
     )
-    chance = " Chance is not 0: flip-flop's bits are right half the time by guessing."
-    meaning = MEANING + (chance if "flip_flop" in tasks else "")
+    meaning = MEANING + "".join(CHANCE[t] for t in tasks if t in CHANCE)
     lines = [f"# Synthetic task report: {root.resolve().name}", "", summary, "", meaning, ""]
-    lines += mrr_section(report, tasks, train_lens)
+    tied = [
+        t
+        for t in tasks
+        if headlines(tasks)[t] == "exact_match"
+        and unsolved_past(report.tables[f"{t}_exact_match"], train_lens[t])
+    ]
+    lines += mrr_section(report.tables["mrr"], tasks, tied)
     if "compare" in report.tables:
-        lines += compare_section(report.tables["compare"])
+        seeds = df["seed"].nunique()
+        lines += compare_section(report.tables["compare"], tasks, seeds)
     for task in tasks:
         lines += task_section(report, task, train_lens[task])
     lines += cost.section(df, report.tables["cost"])
@@ -252,30 +237,9 @@ def task_markdown(root: Path, out: Path, df: pd.DataFrame, report: Report, tasks
     return "\n".join(lines)
 
 
-def mrr_section(report: Report, tasks: list[str], train_lens: dict[str, int]) -> list[str]:
-    tied = [t for t in tasks if unsolved_past(report.tables[f"{t}_exact_match"], train_lens[t])]
-    ties = (
-        f" On {', '.join(tied)} no scheme solves an instance past the training length, so every "
-        "scheme shares rank 1 there; see each task's token accuracy below."
-        if tied
-        else ""
-    )
-    return [
-        "## Mean reciprocal rank over tasks",
-        "",
-        "As Kazemnejad et al. (2023) summarise: for each task and seed, schemes ranked by "
-        "exact match averaged over the lengths beyond the training length (ties share the "
-        "better rank), then 1/rank averaged over the (task, seed) cells (n). A point "
-        "ranking: the per-task tables below say which differences the seeds support." + ties,
-        "",
-        mrr_markdown(report.tables["mrr"], tasks),
-        "",
-    ]
-
-
 def task_section(report: Report, task: str, train_len: int) -> list[str]:
     doc = (TASKS[task].__doc__ or "").strip().split("\n\n")[0] if task in TASKS else task
-    exact = report.tables[f"{task}_exact_match"]
+    exact, headline = report.tables[f"{task}_exact_match"], headlines([task])[task]
     lines = [f"## {task}", "", " ".join(doc.split()), "", learned_note(exact, train_len), ""]
     if unsolved_past(exact, train_len):
         lines += [
@@ -284,9 +248,10 @@ def task_section(report: Report, task: str, train_len: int) -> list[str]:
             "token accuracy says how much of each answer a scheme still gets right.",
             "",
         ]
-    for metric in TASK_METRICS:
-        name = f"{task}_{metric}"
-        lines += [f"{TITLES[metric]}:", "", value_markdown(report.tables[name], metric), ""]
+    for metric in sorted(TASK_METRICS, key=lambda m: m != headline):
+        name, title = f"{task}_{metric}", TITLES[metric]
+        title += " (headline: the metric its paper reports)" if metric == headline else ""
+        lines += [f"{title}:", "", value_markdown(report.tables[name], metric), ""]
         pairs, ranks = report.tables[f"{name}_pairwise"], report.tables[f"{name}_ranks"]
         lines += ranks_lines(pairs, ranks, metric)
     return lines

@@ -16,6 +16,7 @@ from pe_bench.report.figures import LANDMARKS, TITLES, YLABELS
 from pe_bench.report.inputs import Report, commands
 from pe_bench.report.markdown import FORMATS, caption
 from pe_bench.report.passkey import accuracy_table, passkey_rows
+from pe_bench.report.ranking import ranked_by
 from pe_bench.report.sections import provenance_markdown, summary_markdown, trained_models
 from pe_bench.report.site import boards, schemes
 from pe_bench.report.site.boards import KINDS, Board, Label, board_panels, board_table
@@ -250,12 +251,13 @@ def about(report: Report, root: Path) -> str:
     )
 
 
-MRR = (
-    "As Kazemnejad et al. (2023) summarise: for each task and seed, schemes ranked by exact "
-    "match averaged over the lengths beyond the training length (ties share the better rank), "
-    "then 1/rank averaged over the (task, seed) cells (n). A point ranking: each task's table "
-    "says which differences the seeds support."
-)
+def mrr_text(tasks: list[str]) -> str:
+    return (
+        "As Kazemnejad et al. (2023) summarise: for each task and seed, schemes ranked by "
+        f"{ranked_by(tasks)} averaged over the lengths beyond the training length (ties share "
+        "the better rank), then 1/rank averaged over the (task, seed) cells (n). A point "
+        "ranking: each task's table says which differences the seeds support."
+    )
 
 
 def task_index(report: Report, name: str, info: dict[str, Label]) -> tuple[str, list[Board]]:
@@ -272,7 +274,12 @@ def task_index(report: Report, name: str, info: dict[str, Label]) -> tuple[str, 
         toc(anchors),
         filters(info, lengths, None),
         paragraph(legend_text(True), "note"),
-        section("mrr", "Mean reciprocal rank over tasks", paragraph(MRR), mrr_table(report, info)),
+        section(
+            "mrr",
+            "Mean reciprocal rank over tasks",
+            paragraph(mrr_text(report.tasks)),
+            mrr_table(report, info),
+        ),
         *task_sections(report, found, info),
         cost_section(report, info),
         scheme_list(info),

@@ -1,0 +1,144 @@
+"""The mean reciprocal rank over synthetic tasks (Kazemnejad et al. 2023's summary) and its
+comparison with a published ranking: each task ranked by its headline metric (the one its
+paper reports), ties sharing the better rank, and beside the comparison the paper's own
+tie-break (its notebook's ``rank(method="first")``), so that the order is compared like with
+like and the reader sees what the tie-break alone does."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from pe_bench.data.tasks import TASKS
+from pe_bench.report import aggregate, compare
+from pe_bench.report.markdown import markdown_table
+
+TITLES = {"exact_match": "exact match", "token_acc": "token accuracy"}
+
+
+def headlines(tasks: list[str]) -> dict[str, str]:
+    """Each task's headline metric (``Task.headline``; exact match for a task not in
+    ``TASKS``)."""
+    return {task: TASKS[task].headline if task in TASKS else "exact_match" for task in tasks}
+
+
+def ranking_tables(df: pd.DataFrame, tasks: list[str], published: str | None) -> dict:
+    """``mrr`` (ties shared) and, with a published ranking, ``compare``: the paper's MRR next
+    to ours, and ours with ties broken as the paper breaks them where it says how."""
+    metrics = headlines(tasks)
+    tables = {"mrr": aggregate.reciprocal_ranks(df, metrics)}
+    if published:
+        paper = compare.load_ranking(published)
+        first = None
+        if paper.tie_order:
+            first = aggregate.reciprocal_ranks(df, metrics, paper.tie_order)
+        table = compare.ranking_comparison(tables["mrr"], paper, first)
+        table.attrs |= {
+            "cite": paper.cite(),
+            "tie_order": paper.tie_order,
+            "splits": paper.setup.get("splits"),
+            "seeds": paper.setup.get("seeds"),
+        }
+        tables["compare"] = table
+    return tables
+
+
+def mrr_markdown(mrr: pd.DataFrame, tasks: list[str]) -> str:
+    """Mean rank per task (over seeds), the mean reciprocal rank and its (task, seed) cells."""
+    rows = [
+        [
+            row["label"],
+            *("–" if pd.isna(row.get(t)) else f"{row[t]:.2g}" for t in tasks),
+            "–" if pd.isna(row["mrr"]) else f"{row['mrr']:.2f}",
+            str(row["n"]),
+        ]
+        for _, row in mrr.iterrows()
+    ]
+    header = ["scheme", *(f"rank: {t}" for t in tasks), "MRR", "n"]
+    return markdown_table(header, rows, "l" + "r" * (len(tasks) + 2))
+
+
+def ranked_by(tasks: list[str]) -> str:
+    """What each task is ranked by, in words."""
+    metrics = headlines(tasks)
+    by_token = [t for t in tasks if metrics[t] == "token_acc"]
+    if not by_token:
+        return "exact match"
+    if len(by_token) == len(tasks):
+        return "token accuracy (the share of answer tokens right, as their papers score)"
+    return (
+        f"each task's headline metric (exact match; token accuracy for {', '.join(by_token)}, "
+        "the share of reads or queries right, as their papers score)"
+    )
+
+
+def mrr_section(mrr: pd.DataFrame, tasks: list[str], tied: list[str]) -> list[str]:
+    """The MRR section of report.md; ``tied``: the tasks no scheme solves past L."""
+    ties = (
+        f" On {', '.join(tied)} no scheme solves an instance past the training length, so every "
+        "scheme shares rank 1 there; see each task's token accuracy below."
+        if tied
+        else ""
+    )
+    return [
+        "## Mean reciprocal rank over tasks",
+        "",
+        f"As Kazemnejad et al. (2023) summarise: for each task and seed, schemes ranked by "
+        f"{ranked_by(tasks)} averaged over the lengths beyond the training length (each length "
+        "as many instances: the paper pools its test lengths; ties share the better rank), "
+        "then 1/rank averaged over the (task, seed) cells (n). A point ranking: the per-task "
+        "tables below say which differences the seeds support." + ties,
+        "",
+        mrr_markdown(mrr, tasks),
+        "",
+    ]
+
+
+def compare_markdown(table: pd.DataFrame) -> str:
+    header, align = ["scheme", "paper", "ours"], "lrr"
+    rows = [
+        [r.label, f"{r.paper:.2f} ({r.paper_rank})", f"{r.ours:.2f} ({r.ours_rank})"]
+        for r in table.itertuples()
+    ]
+    if "first" in table:
+        header, align = [*header, "ours, ties as the paper"], align + "r"
+        for row, r in zip(rows, table.itertuples(), strict=True):
+            row.append(f"{r.first:.2f} ({r.first_rank})")
+    return markdown_table(header, rows, align)
+
+
+def tau_text(tau: float) -> str:
+    return "–" if pd.isna(tau) else f"{tau:.2f}"
+
+
+def compare_section(table: pd.DataFrame, tasks: list[str], seeds: int) -> list[str]:
+    attrs = table.attrs
+    scope = (
+        f"The published MRR averages over the paper's {attrs['splits']} task splits and "
+        f"{attrs['seeds']} seeds; this run ranks {len(tasks)} task{'s' * (len(tasks) > 1)} "
+        f"({', '.join(tasks)}) over {seeds} seed{'s' * (seeds > 1)}, so the two MRRs summarise "
+        "different tasks: a scheme that does well on the splits this run lacks ranks higher "
+        "there and not here. "
+        if attrs.get("splits")
+        else ""
+    )
+    ties = (
+        f" The paper's notebook breaks ties by its rows' order ({', '.join(attrs['tie_order'])}; "
+        'pandas\' rank(method="first")), handing a tie to the scheme listed first; the last '
+        "column ranks this run that way (Kendall's tau "
+        f"{tau_text(attrs.get('tau_first', float('nan')))}). The comparison itself uses the "
+        "shared rank, which credits no scheme for its place in a list."
+        if attrs.get("tie_order")
+        else ""
+    )
+    return [
+        f"## Compared with {attrs['cite']}",
+        "",
+        f"Mean reciprocal rank (rank among these schemes). {scope}The paper's models and "
+        "budget are far larger too (see results/published): compare the order, not the "
+        f"values. Kendall's tau of the two orders, tied schemes sharing a rank: "
+        f"{tau_text(attrs['tau'])} (1: the same order, -1: reversed; over the pairs neither "
+        "side ties)." + ties,
+        "",
+        compare_markdown(table),
+        "",
+    ]

@@ -4,13 +4,14 @@ A pretrained model's records carry it as ``pe_source``, as a trained model's car
 its scheme's code (``positions.scheme_key``), and ``RunStore`` recomputes the records of
 another key. It covers what pe-bench adds to the model: the functions that apply an eval-time
 variant to an HF model (``pretrained.rope``: the model's rotary spec, the patched frequencies
-and attention, HF's ``rope_parameters`` of each method) and the passkey test's prompts and
-greedy decoding (``pretrained.passkey``), each as its normalised syntax tree
-(``fingerprint.normalised_source``: docstrings, comments and where the function sits do not
-count). A variant's records carry the key of the variant's own code as ``variant_source``
+and attention, HF's ``rope_parameters`` of each method, which labels compute the same numbers
+at a length; ``pretrained.windowed``: ReRoPE's and Self-Extend's attention) and the passkey
+test's prompts and greedy decoding (``pretrained.passkey``), each as its normalised syntax
+tree (``fingerprint.normalised_source``: docstrings, comments and where the function sits do
+not count). A variant's records carry the key of the variant's own code as ``variant_source``
 (``variant_key``), so editing one variant recomputes its records only. The model's weights and
-HF's code are named by the run's config (``model.name``, ``model.revision``) and the records'
-provenance, not here.
+HF's code are named by the run's config (``model.name``, ``model.revision``; a GGUF file's
+sha256 is part of its run id) and the records' provenance, not here.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from pe_bench.positions import ModelDims
 from pe_bench.positions.fingerprint import class_key, normalised_source
-from pe_bench.pretrained import passkey, rope
+from pe_bench.pretrained import passkey, rope, windowed
 from pe_bench.pretrained.rope import Variant
 
 # What applies a variant to an HF model (pe_bench.pretrained.rope) ...
@@ -45,7 +46,13 @@ APPLY = (
     "_yarn",
     "_llama3",
     "_longrope",
+    "windowed",
+    "Effect",
+    "effect",
+    "same_as",
 )
+# ... with the attention of ReRoPE and Self-Extend (pe_bench.pretrained.windowed) ...
+WINDOWED = ("rotate", "windowed_attention", "_pieces", "attend", "merge")
 # ... and the passkey test's prompts and decoding (pe_bench.pretrained.passkey).
 PASSKEY = (
     "TASK",
@@ -65,7 +72,7 @@ PASSKEY = (
 
 def pretrained_key() -> str:
     """The key of the code above as it is now: 12 hex digits."""
-    return code_key({**named(rope, APPLY), **named(passkey, PASSKEY)})
+    return code_key({**named(rope, APPLY), **named(windowed, WINDOWED), **named(passkey, PASSKEY)})
 
 
 def variant_key(variant: Variant, dims: ModelDims) -> str:

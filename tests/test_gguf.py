@@ -136,7 +136,7 @@ def test_experiment_smollm2_composes():
     assert cfg.model.name == SMOLLM2 and cfg.model.test_slices >= 2
     assert cfg.eval.factors == [0.25, 0.5, 1, 1.5, 2] and cfg.eval.modes == ["tail"]
     assert cfg.eval.stride == cfg.eval.tokens == 2048  # each slice: the last 2048 of one window
-    assert cfg.eval.variants["self_extend"]["group_size"] == 4  # (8192 - 2048) G + 2048 >= 2x
+    assert cfg.eval.variants["self_extend"]["group_size"] == 3  # (8192 - 2048) G + 2048 >= 2x
     assert set(cfg.eval.variants) == {
         *("pi", "ntk", "dynamic_ntk", "yarn", "ntk_by_parts", "llama3", "longrope", "logn"),
         *("rerope", "leaky_rerope", "self_extend"),

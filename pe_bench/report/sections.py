@@ -342,6 +342,11 @@ def comparison_markdown(comparison: compare.Comparison, df: pd.DataFrame) -> lis
         if setup["protocol"] != mode
         else ""
     )
+    if "pretrained" in df and df["pretrained"].fillna(False).all():
+        differs += (
+            f" The labels of the pretrained `{shared_value(df, 'scheme')}` are read as a RoPE "
+            "model's: `rope` is the model as pretrained, `rope+<variant>` its eval-time variant."
+        )
     return [
         f"## Comparison with {pub.cite()}",
         "",

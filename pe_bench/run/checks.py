@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pe_bench.errors import UserError
+from pe_bench.run import weights
 from pe_bench.run.config import CONF_DIR, RunConfig, check_top_keys
 from pe_bench.run.plan import plan
 
@@ -91,6 +92,8 @@ def check_jobs(jobs: list[list[str]] | None, cfg: DictConfig, overrides: list[Ov
             run_cfg = RunConfig.parse(composed)
             if not run_cfg.pretrained:  # a pretrained model's plan reads its config.json
                 plan(run_cfg)
+            else:  # where its weights are: a missing GGUF file or package is one line
+                weights.resolve(run_cfg.model.name, run_cfg.model.gguf_file)
         except UserError as err:
             where = (
                 "" if job is None or len(jobs) == 1 else f" (in the sweep's job {' '.join(job)})"

@@ -118,6 +118,7 @@ def _hf_code(names: list[str]) -> dict[str, Any]:
     keeps them (``pe_bench.pretrained.*`` now, ``pe_bench.hf``/``passkey`` before)."""
     key = _key_module()
     places = ["pe_bench.pretrained.rope", "pe_bench.pretrained.passkey", "pe_bench.hf"]
+    places.append("pe_bench.pretrained.windowed")
     places.append("pe_bench.passkey")
     modules = []
     for place in places:
@@ -249,9 +250,10 @@ class Folder:
         dims = {k: getattr(self.dims, k) for k in self.dims.__dataclass_fields__}
         found = []
         if self.hf:
-            from pe_bench.pretrained.key import APPLY, PASSKEY
+            from pe_bench.pretrained.key import APPLY, PASSKEY, WINDOWED
 
-            found.append(("hf code", {"kind": "hf_code", "names": [*APPLY, *PASSKEY]}))
+            names = [*APPLY, *WINDOWED, *PASSKEY]
+            found.append(("hf code", {"kind": "hf_code", "names": names}))
         else:
             found.append(("scheme", _scheme_item(self.cfg["pe"], dims)))
             ft_pe = self.finetunes.get(record.get("finetune"))

@@ -42,7 +42,10 @@ COMMANDS = "commands.txt"  # in a sweep folder: the command of every sweep that 
 # A record's identity within its run (with its ``run_id``): a record with the same run id and
 # the same values of these fields is the same measurement, computed once.
 # The ``mode`` of a record says what it measures:
-MODES = ("nonoverlap", "sliding")  # perplexity over windows (pe_bench/run/evaluate.py)
+# perplexity over windows (pe_bench/run/evaluate.py); tail, a pretrained model's only: windows
+# that end at the scored targets, each scoring its last eval.stride (pe_bench/pretrained/tail.py)
+MODES = ("nonoverlap", "sliding", "tail")
+TAIL_MODE = "tail"
 PROBES = ("context_gain", "retrieval", "attention")  # context-use probes (pe_bench/run/probes.py)
 TASK_MODE = "task"  # a synthetic task (pe_bench/data/tasks.py): instances, not windows
 PASSKEY_MODE = "passkey"  # passkey retrieval on a pretrained model (pe_bench/pretrained/passkey.py)

@@ -170,3 +170,27 @@ def test_names_resolve_to_shipped_tables_or_paths(tmp_path):
     assert compare.resolve(tmp_path / "paper") == path  # .yaml optional
     with pytest.raises(UserError, match="no published table 'published/nope'; shipped: "):
         compare.resolve("published/nope")
+
+
+def test_a_pretrained_models_labels_are_read_as_a_rope_models():
+    """model=hf labels (`<model>`, `<model>+<variant>`) meet a paper's rows without fine-tuning
+    (`rope`, `rope+<variant>`); other labels stay."""
+    stats = pd.DataFrame({"label": ["SmolLM2", "SmolLM2+yarn", "SmolLM2x", "alibi"], "mean": 1.0})
+    assert compare.as_rope(stats, "SmolLM2")["label"].tolist() == [
+        "rope",
+        "rope+yarn",
+        "SmolLM2x",
+        "alibi",
+    ]
+
+
+def test_the_yarn_table_reads_its_row_without_fine_tuning():
+    """results/published/yarn_paper.yaml: Mistral 7B as released, 2.96 at its context of 8192
+    and 36.8 at 2x (Table 6); the fine-tuned rows are not eval-time variants."""
+    values = compare.load_published("published/yarn_paper").values.set_index(["label", "eval_len"])
+    assert (
+        values.loc[("rope", 8192), "value"] == 2.96 and values.loc[("rope", 16384), "value"] == 36.8
+    )
+    assert values.loc[("rope", 65536), ["value", "bound"]].tolist() == [1000.0, True]
+    labels = set(values.index.get_level_values("label").dropna())
+    assert labels == {"rope", "rope:yarn"}  # MistralLite and YaRN s = 16: no label

@@ -177,7 +177,7 @@ def test_a_model_that_already_scales_its_rope_is_refused(loaded):
 
 
 def test_bits_per_byte_counts_the_scored_targets_own_bytes(checkpoints):
-    auto = load.load_tokenizer(checkpoints["llama"])
+    auto = load.load_tokenizer(PretrainedConfig(name=checkpoints["llama"]))
     tokenizer = load.corpus_tokenizer(auto, checkpoints["llama"])
     text = "The pass key is 42. Ünïcödé — 🙂 and more text.\n" * 3
     stream = load.encode(tokenizer, text)
@@ -325,10 +325,11 @@ def test_the_pretrained_key_covers_the_code_that_makes_the_numbers_not_its_docst
     """Records of ``model=hf`` are kept under the key of the functions that apply a variant and
     run the passkey test (``pretrained.key``): every one of them is found, a reworded or moved
     function keeps the key, an edited one changes it."""
-    from pe_bench.pretrained import key, passkey
+    from pe_bench.pretrained import key, passkey, windowed
 
     assert code_hash() == key.pretrained_key()
     found = key.named(rope, key.APPLY) | key.named(passkey, key.PASSKEY)
+    found |= key.named(windowed, key.WINDOWED)
     assert all(obj is not None for obj in found.values())
     monkeypatch.syspath_prepend(str(tmp_path))
     versions = [("The first integer.", r"\d+"), ("Reworded.", r"\d+"), ("The first.", r"\d\d*")]

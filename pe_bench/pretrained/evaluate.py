@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from pe_bench.data.corpus import Corpus, load_corpus
 from pe_bench.data.tokenizer import HFTokenizer
@@ -18,6 +18,7 @@ from pe_bench.pretrained import passkey
 from pe_bench.pretrained.key import pretrained_key, weights_key
 from pe_bench.pretrained.load import (
     LogitsOnly,
+    TokenStream,
     corpus_tokenizer,
     encode_prefix,
     load_model,
@@ -26,9 +27,12 @@ from pe_bench.pretrained.load import (
 )
 from pe_bench.pretrained.plan import PretrainedPlan
 from pe_bench.pretrained.rope import rope_variant
-from pe_bench.records import PASSKEY_MODE, make_record, provenance
+from pe_bench.pretrained.tail import score_tail
+from pe_bench.records import PASSKEY_MODE, TAIL_MODE, make_record, provenance
 from pe_bench.run.evaluate import OUT_OF_MEMORY, EvalTask, is_out_of_memory, score
 from pe_bench.run.job import DataKey, RunContext, Steps
+from pe_bench.run.store import RunStore
+from pe_bench.run.weights import record_fields
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +56,7 @@ def open_data(job: PretrainedPlan, device: torch.device) -> tuple[PretrainedData
     """Load the corpus and the model's tokenizer (not the weights: a complete job needs none);
     records are keyed on the weights there now (``pretrained.key.weights_key``)."""
     corpus = load_corpus(job.cfg.data)
-    tokenizer = load_tokenizer(job.model.name, job.model.revision)
+    tokenizer = load_tokenizer(job.model)
     tokens = corpus_tokenizer(tokenizer, job.model.name)
     return PretrainedData(corpus, tokenizer, tokens), DataKey(
         corpus.sha, tokens.fingerprint, code_hash(), weights_key(job.model)
@@ -60,15 +64,17 @@ def open_data(job: PretrainedPlan, device: torch.device) -> tuple[PretrainedData
 
 
 def evaluate_pretrained(ctx: RunContext, todo: dict[str, list[EvalTask]]) -> None:
-    """Load the weights, score each slice's missing perplexity tasks on its own targets, then
-    run the missing passkey tasks."""
+    """Load the weights, run the missing passkey tasks, then score each slice's missing
+    perplexity tasks on its own targets (passkey first: its prompts are the longest, and a
+    run stopped half-way has its retrieval numbers)."""
     job: PretrainedPlan = ctx.job
     data: PretrainedData = ctx.data
     pk_todo = [t for t in todo[job.run_id(0)] if t.mode == PASSKEY_MODE]
     passkey.check_lengths(data.tokenizer.encode, [t.eval_len for t in pk_todo])
-    n_targets, slices = job.n_targets, job.model.test_slices
+    context = job.tail_context
     test = data.corpus.splits["test"].numpy().tobytes()
-    stream = encode_prefix(data.tokens, test, slices * n_targets + 1, data.corpus.name)
+    n_stream = context + job.model.test_slices * job.n_targets + 1
+    stream = encode_prefix(data.tokens, test, n_stream, data.corpus.name)
     model = load_model(job.model, ctx.device)
     fields = _run_fields(job, model, data.corpus, ctx.device) | tokenizer_fields(data.tokens)
     log.info(
@@ -78,57 +84,100 @@ def evaluate_pretrained(ctx: RunContext, todo: dict[str, list[EvalTask]]) -> Non
         len(pk_todo),
         data.corpus.describe(),
     )
-    lm = LogitsOnly(model)
-    for k in range(slices):
-        start = k * n_targets
-        piece = stream.ids[start : start + n_targets + 1]
-        slice_fields = {**fields, "run_id": job.run_id(k), "seed": k, "test_slice": k}
-        slice_fields["target_bytes"] = stream.target_bytes(start, start + n_targets)
-        for task in todo[job.run_id(k)]:
-            if task.mode != PASSKEY_MODE:
-                ctx.store.add(*_score(job, lm, task, piece, slice_fields))
-    if pk_todo:
-        pk_fields = {**fields, "run_id": job.run_id(0), "seed": 0, "test_slice": 0}
-        impl = job.model.rope_impl
+    pk_fields = {**fields, "run_id": job.run_id(0), "seed": 0, "test_slice": 0}
+    for task in pk_todo:  # one task at a time: a later one may copy an earlier one's record
+        copied = _copy(job, ctx.store, job.run_id(0), task)
+        if copied:
+            ctx.store.add(copied[0])
+            continue
         trials = passkey.run(
             model,
             data.tokenizer,
-            pk_todo,
+            [task],
             job.variants,
             job.spec,
             job.short_name,
-            impl,
+            job.model.rope_impl,
             job.passkey,
         )
         for record in trials:
             ctx.store.add({**pk_fields, **record})
+    lm = LogitsOnly(model)
+    for k in range(job.model.test_slices):
+        slice_fields = {**fields, "run_id": job.run_id(k), "seed": k, "test_slice": k}
+        for task in todo[job.run_id(k)]:
+            if task.mode == PASSKEY_MODE:
+                continue
+            copied = _copy(job, ctx.store, job.run_id(k), task)
+            ctx.store.add(*(copied or _score(job, lm, task, stream, k, slice_fields)))
 
 
 STEPS = Steps(open_data, evaluate_pretrained)
 
 
+def _copy(
+    job: PretrainedPlan, store: RunStore, run_id: str, task: EvalTask
+) -> tuple[dict[str, Any], list[float | None] | None] | None:
+    """The record (and per-position loss) of ``task`` copied from the label before it that
+    computes the same numbers at its length (``PretrainedPlan.same_as``), marked ``same_as``;
+    None when there is none, or its record is not there (it is computed then)."""
+    source = job.same_as.get((task.variant, task.eval_len))
+    if source is None:
+        return None
+    want = {"run_id": run_id, "variant": source, "eval_len": task.eval_len, "mode": task.mode}
+    want |= {"stride": task.stride, "tokens": task.tokens}
+    found = [r for r in store.records if all(r.get(k) == v for k, v in want.items())]
+    found = [r for r in found if r["status"] == "ok" and r.get("probe_hash", "") == task.probe_hash]
+    if not found:
+        return None
+    record = {k: v for k, v in found[0].items() if k not in COPY_DROPS}
+    record = {**record, **task.fields(), "same_as": source}
+    rows = [row for row in store.positions if all(row.get(k) == v for k, v in want.items())]
+    log.info(
+        "%s L=%d %s: the numbers of %s (the same function)",
+        task.variant,
+        task.eval_len,
+        task.mode,
+        source,
+    )
+    return record, rows[0]["loss"] if rows else None
+
+
+# What a copied record does not take from its source: its cost and its variant's code key.
+COPY_DROPS = ("time_s", "peak_mem_mb", "variant_source", "probe_hash")
+
+
 def _score(
-    job: PretrainedPlan, lm: LogitsOnly, task: EvalTask, stream: Tensor, fields: dict[str, Any]
+    job: PretrainedPlan,
+    lm: LogitsOnly,
+    task: EvalTask,
+    stream: TokenStream,
+    k: int,
+    fields: dict[str, Any],
 ) -> tuple[dict[str, Any], list[float | None] | None]:
-    """One perplexity record (ok, or skipped when the length does not fit in memory) and its
-    per-position loss; bits per byte over the ``target_bytes`` of the scored targets."""
-    n_targets = len(stream) - 1
+    """One perplexity record of slice ``k`` (ok, or skipped when the length does not fit in
+    memory) and its per-position loss; bits per byte over the ``target_bytes`` of the scored
+    targets. Slice k's targets are the k-th ``n_targets`` of the stream, after the context of
+    the tail windows in tail mode."""
+    n_targets, context = job.n_targets, job.tail_context if task.mode == TAIL_MODE else 0
+    first = context + k * n_targets  # the input before the slice's first target
+    fields = {**fields, "target_bytes": stream.target_bytes(first, first + n_targets)}
     variant = job.variants.get(task.variant)
     label = job.short_name + ("" if variant is None else f"+{variant.key}")
     key = task.fields()
     start = time.perf_counter()
+    batch, device = job.cfg.eval.batch_tokens, job.device
     try:
         with rope_variant(lm.model, variant, job.spec, task.eval_len, job.model.rope_impl) as impl:
-            result = score(
-                lm,
-                stream,
-                task.eval_len,
-                task.mode,
-                task.stride,
-                job.cfg.eval.batch_tokens,
-                job.device,
-                f"eval {label} L={task.eval_len} slice {fields['test_slice']}",
-            )
+            if task.mode == TAIL_MODE:
+                piece = stream.ids[first - context : first + n_targets + 1]
+                result = score_tail(lm, piece, context, task.eval_len, task.stride, batch, device)
+            else:
+                piece = stream.ids[first : first + n_targets + 1]
+                desc = f"eval {label} L={task.eval_len} slice {k}"
+                result = score(
+                    lm, piece, task.eval_len, task.mode, task.stride, batch, device, desc
+                )
     except OUT_OF_MEMORY as err:
         if not is_out_of_memory(err):
             raise
@@ -173,5 +222,6 @@ def _run_fields(
         "config_hash": job.cfg.run_hash,
         "pe_source": code_hash(),
         "weights_sha": weights_key(job.model),
+        **record_fields(job.source),
         **provenance(device),
     }

@@ -4,17 +4,18 @@ A pretrained model's records carry it as ``pe_source``, as a trained model's car
 its scheme's code (``positions.scheme_key``), and ``RunStore`` recomputes the records of
 another key. It covers what pe-bench adds to the model: the functions that apply an eval-time
 variant to an HF model (``pretrained.rope``: the model's rotary spec, the patched frequencies
-and attention, HF's ``rope_parameters`` of each method) and the passkey test's prompts and
-greedy decoding (``pretrained.passkey``), each as its normalised syntax tree
-(``fingerprint.normalised_source``: docstrings, comments and where the function sits do not
-count). A variant's records carry the key of the variant's own code as ``variant_source``
+and attention, HF's ``rope_parameters`` of each method, which labels compute the same numbers
+at a length; ``pretrained.windowed``: ReRoPE's and Self-Extend's attention) and the passkey
+test's prompts and greedy decoding (``pretrained.passkey``), each as its normalised syntax
+tree (``fingerprint.normalised_source``: docstrings, comments and where the function sits do
+not count). A variant's records carry the key of the variant's own code as ``variant_source``
 (``variant_key``), so editing one variant recomputes its records only.
 
-The model's weights are keyed apart, as ``weights_sha`` (``weights_key``): a local folder (or
-file) by a hash of its files' bytes, so weights changed in place (``make_tiny_hf.py`` rerun
-into its folder) are evaluated again; a hub model by the commit its ``model.revision`` (or
-``main``) resolves to, so a revision moved on is too. HF's own code is named by the records'
-provenance, not here.
+The model's weights are keyed apart, as ``weights_sha`` (``weights_key``): a GGUF file by its
+sha256 (also part of its run id), a local folder (or file) by a hash of its files' bytes, so
+weights changed in place (``make_tiny_hf.py`` rerun into its folder) are evaluated again; a
+hub model by the commit its ``model.revision`` (or ``main``) resolves to, so a revision moved
+on is too. HF's own code is named by the records' provenance, not here.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from pe_bench.positions import ModelDims
 from pe_bench.positions.fingerprint import class_key, normalised_source
-from pe_bench.pretrained import passkey, rope
+from pe_bench.pretrained import passkey, rope, windowed
 from pe_bench.pretrained.rope import Variant
 
 if TYPE_CHECKING:
@@ -53,7 +54,13 @@ APPLY = (
     "_yarn",
     "_llama3",
     "_longrope",
+    "windowed",
+    "Effect",
+    "effect",
+    "same_as",
 )
+# ... with the attention of ReRoPE and Self-Extend (pe_bench.pretrained.windowed) ...
+WINDOWED = ("rotate", "windowed_attention", "_pieces", "attend", "merge")
 # ... and the passkey test's prompts and decoding (pe_bench.pretrained.passkey).
 PASSKEY = (
     "TASK",
@@ -73,7 +80,7 @@ PASSKEY = (
 
 def pretrained_key() -> str:
     """The key of the code above as it is now: 12 hex digits."""
-    return code_key({**named(rope, APPLY), **named(passkey, PASSKEY)})
+    return code_key({**named(rope, APPLY), **named(windowed, WINDOWED), **named(passkey, PASSKEY)})
 
 
 def variant_key(variant: Variant, dims: ModelDims) -> str:
@@ -84,13 +91,19 @@ def variant_key(variant: Variant, dims: ModelDims) -> str:
 
 
 def weights_key(model: PretrainedConfig) -> str:
-    """What the model's weights are: ``files:<sha256>`` of a local folder's files (names and
+    """What the model's weights are: ``gguf:<sha256>`` of a GGUF file, ``files:<sha256>`` of a
+    local folder's files (names and
     bytes; hidden files, such as a download's ``.cache``, left out) or of a local file, else
     ``commit:<sha>`` of the hub commit that ``model.revision`` names now (``revision:<name>``
     where the hub, offline, names none)."""
-    from pe_bench.pretrained.load import load_config  # here: experiments/migrate_keys.py
-    # loads this module into old trees, which have no pe_bench.pretrained.load
+    # imported here: experiments/migrate_keys.py loads this module into old trees, which
+    # have neither module
+    from pe_bench.pretrained.load import load_config
+    from pe_bench.run.weights import resolve, sha256
 
+    gguf = resolve(model.name, model.gguf_file).path
+    if gguf is not None:
+        return f"gguf:{sha256(gguf)[:16]}"
     path = Path(model.name).expanduser()
     if path.exists():
         return f"files:{files_hash(path)}"

@@ -14,6 +14,7 @@ from pe_bench.data.tokenizer import HF_PREFIX, HFTokenizer
 from pe_bench.errors import UserError
 from pe_bench.pretrained.rope import ATTENTION, _transformers, register_attention, rotary_modules
 from pe_bench.run.config import PretrainedConfig
+from pe_bench.run.weights import ModelSource, resolve
 
 
 def _one_line(err: BaseException) -> str:
@@ -22,11 +23,22 @@ def _one_line(err: BaseException) -> str:
 
 
 def _load_error(what: str, name: str, err: BaseException) -> UserError:
+    if isinstance(err, ImportError) or "accelerate" in str(err):  # GGUF: gguf, accelerate
+        return UserError(
+            f"cannot load the {what} of {name!r} ({_one_line(err)[:200]}): GGUF models need "
+            "the gguf and accelerate packages: pip install -e '.[hf]'"
+        )
     return UserError(
         f"cannot load the {what} of Hugging Face model {name!r} ({_one_line(err)[:300]}); "
-        "allowed: a hub id reachable from here (or in the HF cache) or a local folder with "
-        "config.json, e.g. one experiments/make_tiny_hf.py writes"
+        "allowed: a hub id reachable from here (or in the HF cache), a local folder with "
+        "config.json (e.g. one experiments/make_tiny_hf.py writes), a .gguf file or "
+        "pkg:<distribution>/<file>"
     )
+
+
+def source(cfg: PretrainedConfig) -> ModelSource:
+    """Where ``cfg``'s weights are (``run.weights``)."""
+    return resolve(cfg.name, cfg.gguf_file)
 
 
 @dataclass(frozen=True)
@@ -42,14 +54,18 @@ class TokenStream:
         return int(self.byte_ends[stop] - self.byte_ends[start])
 
 
-def load_tokenizer(name: str, revision: str | None = None) -> Any:
-    """The model's own tokenizer (at ``revision``, as the weights): passkey prompts are encoded
-    with its special tokens, as the originals' pipelines do, and answers decoded by it."""
+def load_tokenizer(cfg: PretrainedConfig) -> Any:
+    """The model's own tokenizer (at ``revision``, as the weights; a GGUF file's own): passkey
+    prompts are encoded with its special tokens, as the originals' pipelines do, and answers
+    decoded by it."""
     transformers = _transformers()
+    where = source(cfg)
     try:
-        return transformers.AutoTokenizer.from_pretrained(name, revision=revision)
+        return transformers.AutoTokenizer.from_pretrained(
+            where.where, revision=cfg.revision, **where.kwargs()
+        )
     except Exception as err:
-        raise _load_error("tokenizer", name, err) from err
+        raise _load_error("tokenizer", cfg.name, err) from err
 
 
 def corpus_tokenizer(tokenizer: Any, name: str) -> HFTokenizer:
@@ -103,26 +119,36 @@ class LogitsOnly(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.model(input_ids=x, use_cache=False).logits
+    def forward(self, x: Tensor, keep: int = 0) -> Tensor:
+        """Logits of every position, or of the last ``keep`` (HF's ``logits_to_keep``)."""
+        return self.model(input_ids=x, use_cache=False, logits_to_keep=keep).logits
 
 
 def load_config(cfg: PretrainedConfig) -> Any:
     """The model's HF config (from the hub, the HF cache or a local folder)."""
     transformers = _transformers()
+    where = source(cfg)
     try:
-        return transformers.AutoConfig.from_pretrained(cfg.name, revision=cfg.revision)
+        return transformers.AutoConfig.from_pretrained(
+            where.where, revision=cfg.revision, **where.kwargs()
+        )
     except Exception as err:
         raise _load_error("config", cfg.name, err) from err
 
 
 def load_model(cfg: PretrainedConfig, device: torch.device) -> nn.Module:
-    """The pretrained weights in float32, in eval mode, with the ``pe_bench`` attention."""
+    """The pretrained weights in float32 (a GGUF file's dequantized), in eval mode, with the
+    ``pe_bench`` attention."""
     transformers = _transformers()
     register_attention()
+    where = source(cfg)
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            cfg.name, revision=cfg.revision, dtype=torch.float32, attn_implementation=ATTENTION
+            where.where,
+            revision=cfg.revision,
+            dtype=torch.float32,
+            attn_implementation=ATTENTION,
+            **where.kwargs(),
         )
     except Exception as err:
         raise _load_error("weights", cfg.name, err) from err

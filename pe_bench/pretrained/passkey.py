@@ -63,7 +63,7 @@ KEYS = (1, 50000)  # the key is drawn from this range, both ends included
 def settings_hash(cfg: PasskeyConfig) -> str:
     """What a passkey record's numbers depend on besides the model, variant and length."""
     settings = asdict(cfg)
-    for key in ("factors", "lengths", "depth_bins"):  # which lengths, and the figure: not the test
+    for key in ("factors", "lengths", "depth_bins", "variants"):  # which, and the figure: not how
         settings.pop(key)
     return config_hash({**settings, "version": VERSION})
 
@@ -71,8 +71,18 @@ def settings_hash(cfg: PasskeyConfig) -> str:
 def tasks(
     cfg: PasskeyConfig, schemes: list[tuple[str, str, Any, str]], train_len: int
 ) -> list[EvalTask]:
-    """One task per (variant, target length) of ``schemes`` (as ``eval_tasks`` takes them);
-    ``stride`` is the length (one prompt each)."""
+    """One task per (variant, target length) of ``schemes`` (as ``eval_tasks`` takes them;
+    the model and ``cfg.variants`` of them, all where it is null); ``stride`` is the length
+    (one prompt each)."""
+    if cfg.variants is not None:
+        known = [variant for variant, *_ in schemes]
+        unknown = [v for v in cfg.variants if v not in known]
+        if unknown:
+            raise UserError(
+                f"model.passkey.variants: {unknown[0]!r} is not in eval.variants; allowed: "
+                f"{', '.join(known[1:]) or 'none'}"
+            )
+        schemes = [s for s in schemes if s[0] == "none" or s[0] in cfg.variants]
     return [
         EvalTask(
             variant,

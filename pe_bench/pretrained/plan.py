@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -45,11 +44,13 @@ from pe_bench.config import config_hash
 from pe_bench.errors import UserError
 from pe_bench.pretrained import passkey
 from pe_bench.pretrained.key import variant_key
-from pe_bench.pretrained.load import load_config
-from pe_bench.pretrained.rope import RopeSpec, Variant, build_variants, rope_spec
+from pe_bench.pretrained.load import load_config, source
+from pe_bench.pretrained.rope import RopeSpec, Variant, build_variants, rope_spec, same_as
+from pe_bench.records import TAIL_MODE
 from pe_bench.run.config import PasskeyConfig, PretrainedConfig, RunConfig
 from pe_bench.run.evaluate import EvalTask, eval_tasks
 from pe_bench.run.train import resolve_device
+from pe_bench.run.weights import ModelSource, sha256
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,10 @@ class PretrainedPlan:
     tasks: list[EvalTask]  # perplexity, the same for every slice
     passkey: PasskeyConfig | None
     passkey_tasks: list[EvalTask]  # on slice 0
+    source: ModelSource  # where the weights are
+    # (variant, length) -> the label before it that computes the same numbers there (its
+    # record is copied, not computed: ``rope.same_as``)
+    same_as: dict[tuple[str, int], str]
 
     @property
     def model(self) -> PretrainedConfig:
@@ -74,13 +79,22 @@ class PretrainedPlan:
 
     @property
     def short_name(self) -> str:
-        """The model's name in labels: the last part of its hub id or folder."""
-        return Path(self.model.name.rstrip("/")).name
+        """The model's name in labels: the last part of its hub id or folder, or the GGUF
+        file's name without its suffix."""
+        return self.source.short_name
+
+    @property
+    def identity(self) -> str:
+        """The run hash, with a GGUF file's sha256: other weights under the same name (a new
+        release of a package) are another run."""
+        if self.source.path is None:
+            return self.cfg.run_hash
+        return config_hash({"run": self.cfg.run_hash, "weights": sha256(self.source.path)})
 
     def run_id(self, test_slice: int) -> str:
         """One model, several test slices: ``<model>-<hash>:slice-<k>``, the form of a
         fine-tune's id (one job folder, one model), though with no fine-tune."""
-        return f"{self.short_name}-{self.cfg.run_hash}:slice-{test_slice}"
+        return f"{self.short_name}-{self.identity}:slice-{test_slice}"
 
     @property
     def run_ids(self) -> list[str]:
@@ -90,6 +104,13 @@ class PretrainedPlan:
     def n_targets(self) -> int:
         """Scored targets of one slice, at every length."""
         return self.tasks[0].tokens
+
+    @property
+    def tail_context(self) -> int:
+        """Tokens before the first target that the tail windows read (0 without tail mode):
+        enough for the longest window, which scores its last ``stride`` tokens."""
+        tails = [t for t in self.tasks if t.mode == TAIL_MODE]
+        return max((t.eval_len - t.stride for t in tails), default=0)
 
     def owed(self) -> list[tuple[str, list[EvalTask]]]:
         """Each slice's perplexity tasks; slice 0's then passkey's."""
@@ -107,6 +128,7 @@ def plan_pretrained(cfg: RunConfig) -> PretrainedPlan:
         log.info("eval.probes (%s): not run on a pretrained model", ", ".join(cfg.eval.probes))
     device = resolve_device(cfg.train.device)
     cfg.model.check_path()
+    where = source(cfg.model)
     spec = rope_spec(load_config(cfg.model), cfg.model.train_len, cfg.model.name)
     variants = build_variants(cfg.eval, spec)
     train_len = spec.dims.train_len
@@ -115,8 +137,21 @@ def plan_pretrained(cfg: RunConfig) -> PretrainedPlan:
         (v.key, config_hash(cfg.eval.variants[v.key]), v.scheme, variant_key(v, spec.dims))
         for v in variants
     ]
-    tasks = eval_tasks(schemes, lengths, cfg.eval, train_len, cfg.eval.n_targets(lengths))
+    tasks = eval_tasks(schemes, lengths, cfg.eval, train_len, _n_targets(cfg, lengths, train_len))
     pk_cfg = cfg.model.passkey_config()
     pk_tasks = passkey.tasks(pk_cfg, schemes, train_len) if pk_cfg else []
     by_key = {v.key: v for v in variants}
-    return PretrainedPlan(cfg, device, spec, by_key, tasks, pk_cfg, pk_tasks)
+    pk_lengths = pk_cfg.prompt_lengths(train_len) if pk_cfg else []
+    same = same_as(variants, spec, sorted(set(lengths) | set(pk_lengths)))
+    return PretrainedPlan(cfg, device, spec, by_key, tasks, pk_cfg, pk_tasks, where, same)
+
+
+def _n_targets(cfg: RunConfig, lengths: list[int], train_len: int) -> int:
+    """Targets per slice: ``eval.tokens`` rounded down to a multiple of the longest length, or
+    in tail mode alone to a multiple of the targets each window scores."""
+    if cfg.eval.modes != [TAIL_MODE]:
+        return cfg.eval.n_targets(lengths)
+    stride = cfg.eval.stride_for(TAIL_MODE, min(lengths), train_len)
+    if cfg.eval.tokens < stride:
+        raise UserError(f"eval.tokens={cfg.eval.tokens} is below eval.stride={stride}")
+    return cfg.eval.tokens - cfg.eval.tokens % stride

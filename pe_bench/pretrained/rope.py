@@ -1,6 +1,7 @@
 """RoPE variants on a pretrained HF model: the model's rotary spec, each eval-time variant
 applied through pe-bench's frequencies or HF's ``rope_parameters``, and the attention function
-that scales queries for a variant with a logit scale (log-n)."""
+that scales queries for a variant with a logit scale (log-n) or mixes two rotations by distance
+(ReRoPE, leaky ReRoPE, Self-Extend: ``pretrained.windowed``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 import copy
 import inspect
 import logging
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +19,9 @@ from torch import Tensor, nn
 
 from pe_bench.errors import UserError
 from pe_bench.positions import META_KEYS, ModelDims, PositionScheme, build_scheme, scheme_class
+from pe_bench.positions.rerope import WindowedRoPE
 from pe_bench.positions.rotary import RoPE
+from pe_bench.pretrained.windowed import windowed_attention
 from pe_bench.run.evaluate import (
     EvalConfig,
 )
@@ -28,6 +32,7 @@ ATTENTION = "pe_bench"  # the attention function registered with HF (SDPA + quer
 
 
 SCALE_ATTR = "_pe_bench_logit_scale"  # set on attention modules while a variant scales q
+WINDOWED_ATTR = "_pe_bench_windowed"  # set on attention modules while a windowed variant runs
 
 
 def _transformers():
@@ -85,9 +90,14 @@ def scaled_attention(
     """SDPA, with the queries first multiplied by the variant's ``logit_scale`` when one is set
     on ``module``: row i of q . k times its scale, as ``PositionScheme.transform_qk`` does.
     Positions are taken to be consecutive from 0 (pe-bench's windows and prompts), so the
-    queries are the last ``s_q`` of the ``s_k`` keys."""
+    queries are the last ``s_q`` of the ``s_k`` keys. A windowed variant set on ``module``
+    (ReRoPE, Self-Extend) computes its own attention (``windowed.windowed_attention``)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    windowed = getattr(module, WINDOWED_ATTR, None)
+    if windowed is not None:
+        scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
+        return windowed_attention(module, query, key, value, mask, windowed, scaling), None
     logit_scale = getattr(module, SCALE_ATTR, None)
     if logit_scale is not None:
         s_q, s_k = query.shape[-2], key.shape[-2]
@@ -189,6 +199,19 @@ def frequencies_only(cls: type[PositionScheme]) -> bool:
     )
 
 
+def windowed(cls: type[PositionScheme]) -> bool:
+    """Whether a scheme mixes two rotations by distance through the hooks of
+    ``WindowedRoPE`` (ReRoPE, leaky ReRoPE, Self-Extend), which ``windowed_attention``
+    computes for an HF model. A subclass that changes any other hook is not."""
+    return (
+        issubclass(cls, WindowedRoPE)
+        and cls.rotate is WindowedRoPE.rotate
+        and cls.modify_logits is WindowedRoPE.modify_logits
+        and cls.transform_qk is PositionScheme.transform_qk
+        and cls.score_bias is PositionScheme.score_bias
+    )
+
+
 def build_variants(eval_cfg: EvalConfig, spec: RopeSpec) -> list[Variant]:
     """The RoPE variants of ``eval.variants``, each built for the pretrained model's rotary
     dims and context with ``base`` = its ``rope_theta`` (the configs' trained-rope base does
@@ -201,11 +224,11 @@ def build_variants(eval_cfg: EvalConfig, spec: RopeSpec) -> list[Variant]:
                 f"{where}={variant_cfg!r} must be a variant config, e.g. +pe@{where}=pi"
             )
         cls = scheme_class(variant_cfg["name"])
-        if cls.variant_of != "rope" or not frequencies_only(cls):
+        if cls.variant_of != "rope" or not (frequencies_only(cls) or windowed(cls)):
             raise UserError(
-                f"{where}: {cls.name!r} is not a RoPE variant of frequencies and logit scales; "
-                "model=hf applies those (pi, ntk, dynamic_ntk, yarn, logn, ntk_by_parts, "
-                "llama3, longrope)"
+                f"{where}: {cls.name!r} is not a RoPE variant of frequencies and logit scales "
+                "or of two rotations by distance; model=hf applies those (pi, ntk, dynamic_ntk, "
+                "yarn, logn, ntk_by_parts, llama3, longrope; rerope, leaky_rerope, self_extend)"
             )
         built = {**variant_cfg, "base": spec.theta}
         scheme = build_scheme(built, spec.dims, where + ".")
@@ -263,6 +286,8 @@ def pe_bench_rope(model: nn.Module, scheme: RoPE, length: int) -> Iterator[None]
     """The rotary embeddings' frequencies from ``scheme`` at context ``length`` (fixed for the
     whole use, generation included), cos and sin times its ``attention_factor`` where it has
     one; a scheme's other ``logit_scale`` set on the attention modules for ``scaled_attention``.
+    A windowed scheme (ReRoPE, Self-Extend) gets q and k unrotated (cos 1, sin 0) and is set on
+    the attention modules, which rotate them its two ways (``windowed_attention``).
     """
     device = next(model.parameters()).device
     scheme = scheme.to(device)
@@ -270,25 +295,95 @@ def pe_bench_rope(model: nn.Module, scheme: RoPE, length: int) -> Iterator[None]
     inv_freq = scheme.frequencies(k_pos)  # [rotary/2] float32
     attention_factor = getattr(scheme, "attention_factor", None)
     factor = float(attention_factor(length)) if attention_factor is not None else 1.0
-    scales_q = attention_factor is None and (
-        type(scheme).logit_scale is not PositionScheme.logit_scale
+    two_ways = windowed(type(scheme))
+    scales_q = (
+        not two_ways
+        and attention_factor is None
+        and type(scheme).logit_scale is not PositionScheme.logit_scale
     )
 
     def forward(x: Tensor, position_ids: Tensor, **kwargs: Any) -> tuple[Tensor, Tensor]:
         freqs = position_ids[..., None].float() * inv_freq  # as HF: float32 angles
         emb = torch.cat((freqs, freqs), dim=-1)
+        if two_ways:  # the identity: windowed_attention rotates q and k itself
+            return torch.ones_like(emb).to(x.dtype), torch.zeros_like(emb).to(x.dtype)
         return (emb.cos() * factor).to(x.dtype), (emb.sin() * factor).to(x.dtype)
 
     rotaries = [module for _, _, module in rotary_modules(model)]
-    layers = [m for m in model.modules() if hasattr(m, "layer_idx")] if scales_q else []
+    attr, value = (WINDOWED_ATTR, scheme) if two_ways else (SCALE_ATTR, scheme.logit_scale)
+    layers = [m for m in model.modules() if hasattr(m, "layer_idx")] if two_ways or scales_q else []
     try:
         for module in rotaries:
             module.forward = forward
         for module in layers:
-            setattr(module, SCALE_ATTR, scheme.logit_scale)
+            setattr(module, attr, value)
         yield
     finally:
         for module in rotaries:
             del module.forward  # the class's forward again
         for module in layers:
-            delattr(module, SCALE_ATTR)
+            delattr(module, attr)
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What the model computes with a variant at windows of one length: its frequencies
+    (float64, ``None`` for a windowed variant past its window), the factor on cos and sin and
+    the queries' logit scale at positions 0..L-1 (``None`` where it is 1 everywhere); a
+    windowed variant past its window is ``own``, the same as itself only."""
+
+    inv_freq: Tensor | None
+    factor: float = 1.0
+    scale: Tensor | None = None
+    own: str = ""
+
+    def same(self, other: Effect) -> bool:
+        """Whether both compute the same numbers: equal factors and scales, and frequencies
+        equal to float64 rounding (a method at scale 1 computes theta (1 - r) + theta r)."""
+        if self.own or other.own or self.inv_freq is None or other.inv_freq is None:
+            return bool(self.own) and self.own == other.own
+        if (self.scale is None) != (other.scale is None) or not math.isclose(
+            self.factor, other.factor, rel_tol=1e-12
+        ):
+            return False
+        if self.scale is not None and not torch.allclose(self.scale, other.scale, 1e-12, 0.0):
+            return False
+        return torch.allclose(self.inv_freq, other.inv_freq, rtol=1e-12, atol=0.0)
+
+
+def effect(variant: Variant | None, spec: RopeSpec, length: int) -> Effect:
+    """The ``Effect`` of ``variant`` (None: the model as pretrained) at ``length``: a variant
+    at a length where it is plain RoPE (PI, NTK, YaRN, ... at or below the pretraining
+    context; ReRoPE and Self-Extend within their window) has the model's own."""
+    plain = Effect(RoPE(spec.dims, base=spec.theta).theta)
+    if variant is None:
+        return plain
+    scheme = variant.scheme
+    k_pos = torch.arange(length)
+    scale = None
+    if type(scheme).logit_scale is not PositionScheme.logit_scale:
+        scale = scheme.logit_scale(k_pos, k_pos, 0)
+        scale = None if scale is None or bool((scale == 1).all()) else scale.double()
+    if windowed(type(scheme)):
+        return plain if length <= scheme.window and scale is None else Effect(None, own=variant.key)
+    attention_factor = getattr(scheme, "attention_factor", None)
+    factor = float(attention_factor(length)) if attention_factor is not None else 1.0
+    return Effect(scheme.inv_freq(length).double().cpu(), factor, scale)
+
+
+def same_as(
+    variants: list[Variant], spec: RopeSpec, lengths: list[int]
+) -> dict[tuple[str, int], str]:
+    """(variant key, length) -> the first label before it ("none": the model as pretrained,
+    then ``variants`` in order) that computes the same numbers there: its record is a copy of
+    that label's (``Effect.same``), not computed again."""
+    found = {}
+    for length in lengths:
+        seen = [("none", effect(None, spec, length))]
+        for variant in variants:
+            mine = effect(variant, spec, length)
+            first = next((key for key, other in seen if mine.same(other)), None)
+            if first is not None:
+                found[(variant.key, length)] = first
+            seen.append((variant.key, mine))
+    return found

@@ -108,7 +108,10 @@ def build_report(
     metrics = ["bpb"] if report.tokenizers else METRICS
     stats = {metric: aggregate.seed_stats(df, metric) for metric in metrics}
     if published is not None:
-        report.comparison = compare.compare(stats["ppl"], training_length(df), published)
+        ppl = stats["ppl"]
+        if df.get("pretrained", pd.Series(dtype=bool)).fillna(False).all():
+            ppl = compare.as_rope(ppl, str(df["scheme"].iloc[0]))  # model=hf: rope, rope+yarn
+        report.comparison = compare.compare(ppl, training_length(df), published)
     ratio = aggregate.ratio_table(stats[options.metric], options.baseline)
     per_byte = df.assign(nll=df["bpb"] * math.log(2)) if report.tokenizers else df
     report.tables = {**stats, "ratio": ratio, "score": aggregate.extrapolation_scores(per_byte)}

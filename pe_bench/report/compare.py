@@ -246,6 +246,19 @@ def compare(stats: pd.DataFrame, train_len: int, published: Published) -> Compar
     )
 
 
+def as_rope(stats: pd.DataFrame, model: str) -> pd.DataFrame:
+    """A pretrained RoPE model's labels as a published table names them: the model as
+    pretrained is ``rope``, ``<model>+<variant>`` is ``rope+<variant>`` (an eval-time variant
+    of a RoPE model, as the papers' rows without fine-tuning are)."""
+
+    def rename(label: str) -> str:
+        if label == model or label.startswith(model + "+"):
+            return "rope" + label[len(model) :]
+        return label
+
+    return stats.assign(label=stats["label"].map(rename))
+
+
 def kendall_tau(agree: int, disagree: int) -> float:
     """Kendall's tau of ``agree`` concordant and ``disagree`` discordant pairs; NaN for none."""
     pairs = agree + disagree

@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from pe_bench.data.tokenizer import BYTE
+from pe_bench.records import TAIL_MODE
 from pe_bench.report import aggregate, compare, latex
 from pe_bench.report.figures import TITLES
 from pe_bench.report.inputs import (
@@ -128,17 +129,39 @@ def summary_markdown(
         return (
             f"Pretrained {', '.join(dict.fromkeys(runs['model']))} (context L = "
             f"{training_length(df)} tokens), not trained here, evaluated on `"
-            f"{shared_value(df, 'corpus')}` with {opts.mode} windows of {lengths} tokens on "
+            f"{shared_value(df, 'corpus')}` with {windows_phrase(opts.mode, lengths, df)} on "
             f"{len(runs)} disjoint test slices of {shared_count(df, 'tokens')} tokens each (the "
             "seeds of the tables: their intervals are over slices). A label `model+variant` is "
             "an eval-time RoPE variant applied to the pretrained model."
-        )
+        ) + weights_markdown(df)
     return (
         f"{len(runs)} trained models ({', '.join(dict.fromkeys(runs['scheme']))}; seeds "
         f"{distinct(runs, 'seed')}), trained at L = {training_length(df)} tokens on "
         f"`{shared_value(df, 'corpus')}` and evaluated with {opts.mode} windows of {lengths} "
         f"tokens on the same {shared_count(df, 'tokens')} test tokens at every length. A label "
         "`scheme+variant` is an eval-time variant applied to the trained `scheme` checkpoint."
+    )
+
+
+def windows_phrase(mode: str, lengths: str, df: pd.DataFrame) -> str:
+    """How the windows score their targets, e.g. ``nonoverlap windows of 256, 512 tokens``."""
+    if mode == TAIL_MODE:
+        return (
+            f"windows of {lengths} tokens that end at the scored tokens, each scoring its last "
+            f"{shared_value(df, 'stride')} (`tail` mode: the context before them is the corpus's)"
+        )
+    return f"{mode} windows of {lengths} tokens"
+
+
+def weights_markdown(df: pd.DataFrame) -> str:
+    """A GGUF model's weights: its file, sha256 and quantization, and the caveat its records
+    carry ('' for other models)."""
+    if "weights_file" not in df or df["weights_file"].isna().all():
+        return ""
+    first = df.dropna(subset=["weights_file"]).iloc[0]
+    return (
+        f" Weights: `{first['weights_file']}`, sha256 `{first['weights_sha256']}`, "
+        f"{first['quantization']}. Caveat: {first['weights_caveat']}."
     )
 
 
@@ -260,6 +283,7 @@ def provenance_markdown(df: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
         + (f"{params[0]:,} to {params[-1]:,} parameters" if params else "parameters unknown"),
         f"- training: {shared_value(df, 'train_steps')} steps, "
         f"{shared_count(df, 'train_tokens')} tokens at L = {training_length(df)} per run",
+        *weights_line(df),
         f"- hardware: {distinct(df, 'hardware')}; device {distinct(df, 'device')}; "
         f"torch {distinct(df, 'torch')}",
         *cpu_line(df),
@@ -274,6 +298,14 @@ def cpu_line(df: pd.DataFrame) -> list[str]:
     them (none otherwise: a report of older records reads as it did)."""
     kinds = cpu_kinds(df)
     return [f"- CPU (ATen kernels): {kinds}"] if kinds else []
+
+
+def weights_line(df: pd.DataFrame) -> list[str]:
+    """The provenance line of GGUF weights (none for other models)."""
+    if "weights_file" not in df or df["weights_file"].isna().all():
+        return []
+    first = df.dropna(subset=["weights_file"]).iloc[0]
+    return [f"- weights: `{first['weights_file']}`, sha256 {first['weights_sha256']}"]
 
 
 def tokenizer_line(df: pd.DataFrame) -> list[str]:
@@ -312,11 +344,18 @@ def comparison_markdown(comparison: compare.Comparison, df: pd.DataFrame) -> lis
     ours = f"{mode} windows" + (
         f" (stride {shared_value(df, 'stride')})" if mode == "sliding" else ""
     )
+    if mode == TAIL_MODE:
+        ours = f"tail windows (each scoring its last {shared_value(df, 'stride')} tokens)"
     differs = (
         f" The paper evaluates with {protocol}, this run with {ours}."
         if setup["protocol"] != mode
         else ""
     )
+    if "pretrained" in df and df["pretrained"].fillna(False).all():
+        differs += (
+            f" The labels of the pretrained `{shared_value(df, 'scheme')}` are read as a RoPE "
+            "model's: `rope` is the model as pretrained, `rope+<variant>` its eval-time variant."
+        )
     return [
         f"## Comparison with {pub.cite()}",
         "",

@@ -23,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from pe_bench.data.tokenizer import BPE
 from pe_bench.errors import UserError
+from pe_bench.run import weights
 from pe_bench.run.config import CONF_DIR, PRETRAINED, RunConfig, check_top_keys
 from pe_bench.run.plan import plan
 from pe_bench.run.sweep import run_dir_name  # noqa: F401 (registers job folders' ${run_dir:})
@@ -198,6 +199,8 @@ def check_jobs(jobs: list[list[str]] | None, cfg: DictConfig, overrides: list[Ov
             run_cfg = RunConfig.parse(composed)
             if not run_cfg.pretrained:  # a pretrained model's plan reads its config.json
                 plan(run_cfg)
+            else:  # where its weights are: a missing GGUF file or package is one line
+                weights.resolve(run_cfg.model.name, run_cfg.model.gguf_file)
             check_job_folder(composed, multirun=job is not None)
         except UserError as err:
             where = (

@@ -48,6 +48,7 @@ class PasskeyConfig:
     depth_bins: Annotated[int, Range(ge=1)] = 5  # rows of the depth x length figure
     max_new_tokens: Annotated[int, Range(ge=1)] = 10  # as the originals
     seed: int = 0
+    variants: list[str] | None = None  # eval.variants keys tested besides the model; null: all
 
     def __post_init__(self) -> None:
         check_fields(self, "model.passkey")
@@ -62,7 +63,10 @@ class PretrainedConfig:
     """``conf/model/hf.yaml``: which pretrained model, and how it is evaluated."""
 
     source: str = PRETRAINED
-    name: str = ""  # hub id (needs a network or the HF cache) or local folder
+    # hub id (needs a network or the HF cache), local folder, .gguf file, or
+    # pkg:<distribution>/<file> (a GGUF file shipped in an installed package)
+    name: str = ""
+    gguf_file: str | None = None  # a GGUF file inside the folder ``name``
     revision: str | None = None  # hub branch, tag or commit
     train_len: Annotated[int, Range(ge=2)] | None = None  # null: from the model's config
     rope_impl: str = "pe_bench"  # pe_bench | hf: how variants with an HF rope_type are applied
@@ -71,7 +75,10 @@ class PretrainedConfig:
 
     def __post_init__(self) -> None:
         if self.name in ("", "???"):
-            raise UserError("model=hf needs model.name=<hub id or local folder>")
+            raise UserError(
+                "model=hf needs model.name=<hub id, local folder, .gguf file or "
+                "pkg:<distribution>/<file>>"
+            )
 
         if self.rope_impl not in ROPE_IMPLS:
             raise UserError(f"model.rope_impl={self.rope_impl!r}; allowed: {', '.join(ROPE_IMPLS)}")
@@ -207,4 +214,6 @@ def _pretrained_hash(resolved: dict[str, Any]) -> str:
     """A pretrained model's identity: the model config (its passkey settings aside, which have
     their own hash in its records) and the data."""
     model = {k: v for k, v in resolved["model"].items() if k != "passkey"}
+    if model.get("gguf_file") is None:  # added later: unset, it leaves earlier run ids as they were
+        model.pop("gguf_file", None)
     return config_hash({"model": model, "data": resolved["data"]})

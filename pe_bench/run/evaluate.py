@@ -106,6 +106,7 @@ class EvalConfig:
         return self.tokens - self.tokens % longest
 
     def stride_for(self, mode: str, length: int, train_len: int) -> int:
+        """A window's step (sliding), or the targets each window scores (tail)."""
         if mode in ("nonoverlap", TASK_MODE):
             return length
         stride = self.stride or train_len

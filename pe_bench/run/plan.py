@@ -36,7 +36,7 @@ from pe_bench.positions import (
     scheme_class,
     scheme_key,
 )
-from pe_bench.records import TASK_MODE
+from pe_bench.records import TAIL_MODE, TASK_MODE
 from pe_bench.run.config import RunConfig
 from pe_bench.run.evaluate import EvalTask, eval_tasks
 from pe_bench.run.probes import probe_tasks
@@ -169,6 +169,11 @@ def with_probes(tasks: list[EvalTask], cfg: RunConfig) -> list[EvalTask]:
 def _modes(cfg: RunConfig, lengths: list[int]) -> list[str]:
     """The eval modes: ``eval.modes`` for text, ``task`` for a synthetic task (whose lengths
     and training length it checks against the task's shortest instance)."""
+    if TAIL_MODE in cfg.eval.modes:
+        raise UserError(
+            "eval.modes: tail (windows that end at the scored targets, the context before them "
+            "taken from the corpus) is for model=hf; allowed here: nonoverlap, sliding"
+        )
     if cfg.data.get("source") != "task":
         return cfg.eval.modes
     task = build_task(cfg.data)

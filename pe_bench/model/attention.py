@@ -5,9 +5,13 @@ when the scheme adds no logit term. Otherwise (``biased_attention``) the scheme'
 causal ``-inf`` go into one 4-D float mask (a 3-D mask sends CPU SDPA to its slow math path,
 and ``attn_mask`` with ``is_causal`` raises on some backends), by query chunks for long
 windows; or, where ``model.attention`` picks FlexAttention (``use_flex``), the term goes in
-as a ``score_mod`` and no mask is built (``flex_attention``). A scheme that rewrites the
-logits or their normalisation (``modify_logits``, ``attention_weights``) attends through
+as a ``score_mod`` and no mask is built (``flex_attention``). Two terms need less: one of the
+key alone (``key_bias``, FoX) rides on one more dimension of q and k into fused causal SDPA
+(``key_biased_attention``), and a content-free relative one has its chunks' masks copied from
+a table by distance (``distance_attention``). A scheme that rewrites the logits or their
+normalisation (``modify_logits``, ``attention_weights``) attends through
 ``explicit_attention``. ``reference_attention`` writes the math out; tests hold the paths equal.
+On the CPU a chunk is sized to stay in cache (``query_chunk``).
 
 Shapes: q ``[b, n_h, s_q, h_d]``, k and v ``[b, n_h, s_k, h_d]``; the queries are the last s_q
 of the s_k positions, so query i may see keys j <= s_k - s_q + i.

@@ -50,8 +50,9 @@ class ModelConfig:
     mlp_ratio: Annotated[int, Range(ge=1)] = 4  # MLP hidden width = mlp_ratio * d_model
     tie_embeddings: bool = False  # share the input embedding with the output head
     # How schemes with a logit term attend: "sdpa" (float masks, by query chunks), "flex"
-    # (FlexAttention score_mod, no mask; no backward on CPU) or "auto" (flex where measured
-    # faster, see attention.use_flex). Not part of a run's identity: the numbers are the same.
+    # (FlexAttention score_mod, no mask; no backward on CPU) or "auto" (flex for long
+    # evaluation windows on a GPU, see attention.use_flex). Not part of a run's identity: the
+    # numbers are the same.
     attention: str = "auto"
 
     def __post_init__(self) -> None:

@@ -79,6 +79,12 @@ class PositionScheme(nn.Module):
     the same signature: the formula written out, which the conformance kit
     (``pe_bench.conformance.kit``) holds equal to the fast path on every unmasked entry.
 
+    Two optional forms of ``score_bias`` move it to a faster path (the kit holds each equal to
+    ``score_bias``): ``key_bias`` (the bias as a term of the key alone, up to a term of the
+    query: fused causal SDPA with no mask, FoX) and ``score_mod`` (FlexAttention); a
+    content-free ``relative`` bias gets both a ``score_mod`` and masks copied from a table by
+    distance (``bias_by_distance``) by default.
+
     The attention module picks its path from which hooks a scheme overrides
     (``has_score_bias``), so the model never branches on scheme names.
 

@@ -251,12 +251,15 @@ def key_biased_attention(q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor) -> T
     """
     b, h, s_q, d = q.shape
     dtype = q.dtype
+    # a GPU's fused kernels want the head dimension a multiple of 8: zeros change no product
+    pad = (-(d + 1)) % 8 if q.device.type == "cuda" else 0
     with torch.autocast(q.device.type, enabled=False):
         q = q.float() / math.sqrt(d)
         ones = torch.ones(b, h, s_q, 1, device=q.device, dtype=q.dtype)
         term = key_bias.float().expand(b, h, -1).unsqueeze(-1)  # [b, n_h, s_k, 1]
-        q_ext, k_ext = torch.cat([q, ones], dim=-1), torch.cat([k.float(), term], dim=-1)
-        v_ext = F.pad(v.float(), (0, 1))
+        q_ext = F.pad(torch.cat([q, ones], dim=-1), (0, pad))
+        k_ext = F.pad(torch.cat([k.float(), term], dim=-1), (0, pad))
+        v_ext = F.pad(v.float(), (0, 1 + pad))
         if s_q == k.shape[-2]:
             y = F.scaled_dot_product_attention(q_ext, k_ext, v_ext, is_causal=True, scale=1.0)
         else:

@@ -95,3 +95,10 @@ def xl_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
     position = qv @ r.to(q.dtype).permute(1, 2, 0)
     content = torch.einsum("hd,bhkd->bhk", self.u.to(k.dtype), k).unsqueeze(2)
     return rel_shift(position) + content * scale
+
+
+def fire_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+    """``FIRE.score_bias``: the MLP at every pair."""
+    mlp = self.mlp[layer]
+    x = self.normalised_distance(q_pos, k_pos, layer).to(mlp[0].weight.dtype)
+    return mlp(x.unsqueeze(-1)).permute(2, 0, 1)

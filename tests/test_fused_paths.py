@@ -13,6 +13,7 @@ from pe_bench.model import attention
 from pe_bench.model.gpt import GPT, ModelConfig, seeded_scheme
 from pe_bench.positions import PositionScheme, build_scheme
 from pe_bench.positions.contextual import CoPE
+from pe_bench.positions.fire import FIRE
 from pe_bench.positions.gates import ForgetGate, StickBreaking
 from pe_bench.positions.logits import DAPE
 from pe_bench.positions.relative import TransformerXL
@@ -26,6 +27,7 @@ MOVED_HOOKS = {
     "dape_alibi": (DAPE, "modify_logits", old_paths.dape_logits),
     "dape_kerple": (DAPE, "modify_logits", old_paths.dape_logits),
     "xl": (TransformerXL, "score_bias", old_paths.xl_bias),
+    "fire": (FIRE, "score_bias", old_paths.fire_bias),
 }
 # Schemes whose attention path moved (the hook the new path reads, switched off for the old).
 DISTANCE = ["alibi", "t5", "kerple_log", "kerple_power", "sandwich"]

@@ -33,6 +33,7 @@ def test_every_built_in_scheme_conforms(name):
     assert report["shared_bias"].status == (PASS if cls.shared_bias else SKIP)
     flex = cls.relative and not cls.content_bias and report["content_bias"].status == PASS
     assert report["score_mod"].status == (PASS if flex else SKIP)
+    assert report["key_bias"].status == (PASS if name == "fox" else SKIP)
 
 
 @pytest.mark.parametrize(
@@ -55,6 +56,7 @@ def test_every_built_in_scheme_conforms(name):
         (broken_pe.FutureWeights, "logit_hooks", "puts weight on future keys"),
         (broken_pe.HidesItself, "attention_mask", "hides query 0 from its own key"),
         (broken_pe.FirstRowsMask, "attention_mask", "the queries are the last s_q keys"),
+        (broken_pe.WrongKeyBias, "key_bias", "minus key_bias varies by .* along a query's row"),
     ],
     ids=lambda x: x.__name__ if isinstance(x, type) else None,
 )
@@ -99,7 +101,7 @@ def test_console_script_fails_a_broken_plugin():
 
 def test_main_parses_options_and_exits_by_outcome(capsys):
     with pytest.raises(SystemExit) as exit_:
-        main(["t5", "--option", "num_buckets=8", "--option", "max_distance=20"])
+        main(["t5", "--option", "num_buckets=8", "--option", "max_distance=20", "--no-cost"])
     assert exit_.value.code == 0
     assert "t5: conforms" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_:
@@ -165,3 +167,56 @@ def test_an_unknown_scheme_without_plugin_hints_at_plugin(capsys):
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "unknown scheme 'no_such_rope'" in err
     assert "pe-bench-check no_such_rope --plugin <module>" in err
+
+
+def test_cost_is_timed_against_rope_with_the_path_and_what_is_faster(monkeypatch, capsys):
+    """pe-bench-check ends with the scheme's cost against rope on the same shape (a toy one
+    here) and the attention path its hooks give it; ``--no-cost`` leaves it out."""
+    from functools import partial
+
+    from pe_bench.conformance import cli, cost
+    from pe_bench.model.gpt import ModelConfig
+
+    toy = ModelConfig(d_model=16, num_layers=1, num_heads=2, mlp_ratio=1)
+    small = partial(cost.scheme_cost, model_cfg=toy, train_shape=(2, 8), eval_shape=(1, 32))
+    monkeypatch.setattr(cli, "scheme_cost_report", lambda *a, **k: small_cost(small, *a, **k))
+    for scheme, path in [("stickbreaking", "explicit"), ("fox", "key_bias"), ("alibi", "distance")]:
+        with pytest.raises(SystemExit):
+            main([scheme])
+        out = capsys.readouterr().out
+        assert re.search(r"training step: [\d.]+x rope \(\d+ vs \d+ ms\)", out), out
+        assert re.search(r"evaluation: [\d.]+x rope", out)
+        assert f"attention path: {cost.PATHS[path]}" in out
+    with pytest.raises(SystemExit):
+        main(["ntk"])  # an eval-time variant is not trained
+    assert "training: an eval-time variant, not trained" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["rope", "--no-cost"])
+    assert "cost" not in capsys.readouterr().out
+
+
+def small_cost(timer, scheme, options=None, plugin=None):
+    from pe_bench.conformance.harness import build_setup
+
+    setup = build_setup(scheme, options or {}, plugin, None, 8)
+    return timer(setup.make, setup.label, repeats=1)
+
+
+@pytest.mark.parametrize(
+    ("name", "path"),
+    [
+        ("rope", "causal"),
+        ("fox", "key_bias"),
+        ("t5", "distance"),
+        ("xl", "mask"),
+        ("cope", "mask"),
+        ("dape_alibi", "explicit"),
+        ("ssmax_alibi", "mask"),
+    ],
+)
+def test_attention_path_names_the_path_the_model_takes(name, path):
+    from pe_bench.conformance.cost import attention_path
+    from pe_bench.model.gpt import ModelConfig
+    from pe_bench.positions import build_scheme
+
+    assert attention_path(build_scheme({"name": name}, ModelConfig().dims(64))) == path

@@ -93,7 +93,8 @@ def test_forward_context_is_built_once_per_pass(monkeypatch):
     assert len(seen) == 2 and seen[0] is seen[1]
     ctx = seen[0]
     assert ctx.pe is model.pe and torch.equal(ctx.pos, torch.arange(12))
-    assert ctx.flex is False and ctx.bias_cache  # alibi's mask, built once, shared
+    assert ctx.flex is False and ctx.bias_cache == {}  # kept for a shared bias...
+    assert model.pe.bias_by_distance(ctx.pos, 0) is not None  # ...alibi's comes by distance
 
 
 def test_seeded_scheme_leaves_the_global_generator_alone(dims):

@@ -443,6 +443,34 @@ def check_score_mod(setup: Setup) -> str:
     return "score_mod adds score_bias on every unmasked entry (model.attention=flex)"
 
 
+def check_key_bias(setup: Setup) -> str:
+    scheme, s, pos = scheme_under_test(setup)
+    if type(scheme).key_bias is PositionScheme.key_bias:
+        raise Skipped("no key_bias (the bias goes into a float mask)")
+    if not scheme.has_key_bias:
+        raise Failed(
+            "defines key_bias, which the model ignores for a scheme that rewrites the logits "
+            "or weights or declares scales_bias: remove it or those"
+        )
+    for s_q in (s, max(1, s // 3)):
+        q, k = scheme.transform_qk(*qk(setup, s_q, s), pos[-s_q:], pos, 0)
+        for layer in range(setup.dims.num_layers):
+            bias = scheme.logit_bias(q, k, pos[-s_q:], pos, layer)
+            term = scheme.key_bias(q, k, pos[-s_q:], pos, layer)
+            if term.dim() != 3 or term.shape[-1] != s:
+                raise Failed(f"key_bias gave shape {tuple(term.shape)}, expected [b, n_h, {s}]")
+            rest = bias - term.unsqueeze(-2)  # the query's own term, if key_bias is right
+            rest = rest - rest[..., :1]  # key 0: every query sees it
+            spread = allowed_entries(rest, s_q, s).abs().max().item()
+            if spread > tolerance(bias, 1e-5):
+                raise Failed(
+                    f"score_bias minus key_bias varies by {spread:.3g} along a query's row "
+                    f"(layer {layer}, s_q={s_q}): it must be a term of the query alone, which "
+                    "the softmax cancels"
+                )
+    return "logit_bias is key_bias plus a term of the query (the fused path is exact)"
+
+
 def check_reference(setup: Setup) -> str:
     scheme, s, pos = scheme_under_test(setup)
     if getattr(scheme, "score_bias_reference", None) is None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from pe_bench.conformance.kit import check_scheme
+from pe_bench.conformance.kit import check_scheme, scheme_cost_report
 from pe_bench.errors import OneLineParser, UserError
 from pe_bench.positions import PositionScheme, checked_options, load_plugin, scheme_class
 
@@ -58,6 +58,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--verbose", action="store_true", help="print the traceback of each check that crashed"
     )
+    parser.add_argument(
+        "--no-cost",
+        action="store_true",
+        help="skip timing a training step and a 1024-token evaluation against rope",
+    )
     args = parser.parse_args(argv)
     try:
         if args.plugin:
@@ -69,7 +74,9 @@ def main(argv: list[str] | None = None) -> None:
         )
     except UserError as err:
         parser.error(str(err))
-    print(report.text(args.verbose))
+    print(report.text(args.verbose), flush=True)
+    if report.passed and not args.no_cost:
+        print(scheme_cost_report(args.scheme, options=options, plugin=args.plugin).text())
     sys.exit(0 if report.passed else 1)
 
 

@@ -1,6 +1,7 @@
 """Conformance kit: does a position scheme keep the contract the benchmark relies on?
 
-From a shell (PASS/FAIL per check with a one-line reason; exit status 1 on any failure)::
+From a shell (PASS/FAIL per check with a one-line reason; exit status 1 on any failure; then
+what the scheme costs against rope, unless ``--no-cost``: ``scheme_cost_report``)::
 
     pe-bench-check my_pe --plugin my_pkg.my_pe --option max_len=512
 
@@ -44,6 +45,8 @@ every term to count, e.g. zero-initialised tables) and verify:
   since the model builds it once per forward pass;
 - ``score_mod``: the FlexAttention form of the bias (``model.attention=flex``), where there is
   one, adds the same term as ``score_bias``;
+- ``key_bias``: where the scheme gives its bias as a term of the key alone (the fused path
+  without a mask), the bias minus that term is the same along every query's row;
 - ``reference``: when the scheme has ``score_bias_reference``, it equals ``score_bias``.
 
 Each check is a function in ``pe_bench.conformance.checks``, run in this order (``CHECKS``);
@@ -69,6 +72,7 @@ from pe_bench.conformance.checks import (
     check_determinism,
     check_devices_dtypes,
     check_gradients,
+    check_key_bias,
     check_lengths,
     check_logit_hooks,
     check_query_chunks,
@@ -77,6 +81,7 @@ from pe_bench.conformance.checks import (
     check_score_mod,
     check_shared_bias,
 )
+from pe_bench.conformance.cost import Cost, scheme_cost
 from pe_bench.conformance.harness import Failed, Setup, Skipped, build_setup
 from pe_bench.errors import UserError
 from pe_bench.model.gpt import ModelConfig
@@ -144,6 +149,7 @@ CHECKS: dict[str, Callable[[Setup], str]] = {
     "content_bias": check_content_bias,
     "shared_bias": check_shared_bias,
     "score_mod": check_score_mod,
+    "key_bias": check_key_bias,
     "reference": check_reference,
 }
 
@@ -213,6 +219,25 @@ def check_scheme(
     finally:
         torch.set_num_threads(threads)
     return report
+
+
+def scheme_cost_report(
+    scheme: str | type[PositionScheme],
+    *,
+    options: Mapping[str, Any] | None = None,
+    plugin: str | None = None,
+    repeats: int = 3,
+) -> Cost:
+    """What the scheme costs against rope in the quick suite's model, on one CPU thread
+    (``pe_bench.conformance.cost.scheme_cost``): a training step and a 1024-token evaluation,
+    and the attention path its hooks give it."""
+    setup = build_setup(scheme, options or {}, plugin, None, 64)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return scheme_cost(setup.make, setup.label, repeats=repeats)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def assert_conforms(scheme: str | type[PositionScheme], **kwargs: Any) -> CheckReport:

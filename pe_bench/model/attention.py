@@ -5,13 +5,17 @@ when the scheme adds no logit term. Otherwise (``biased_attention``) the scheme'
 causal ``-inf`` go into one 4-D float mask (a 3-D mask sends CPU SDPA to its slow math path,
 and ``attn_mask`` with ``is_causal`` raises on some backends), by query chunks for long
 windows; or, where ``model.attention`` picks FlexAttention (``use_flex``), the term goes in
-as a ``score_mod`` and no mask is built (``flex_attention``). A scheme that rewrites the
-logits or their normalisation (``modify_logits``, ``attention_weights``) attends through
+as a ``score_mod`` and no mask is built (``flex_attention``). Two terms need less: one of the
+key alone (``key_bias``, FoX) rides on one more dimension of q and k into fused causal SDPA
+(``key_biased_attention``), and a content-free relative one has its chunks' masks copied from
+a table by distance (``distance_attention``). A scheme that rewrites the logits or their
+normalisation (``modify_logits``, ``attention_weights``) attends through
 ``explicit_attention``. A scheme that hides keys the causal rule allows (``attention_mask``:
 chunked or sliding-window attention) puts ``-inf`` on them in its float mask
-(``masked_logit_bias``) or its explicit path (``allowed_keys``), never through the fused
-causal kernel or FlexAttention. ``reference_attention`` writes the math out; tests hold the
-paths equal.
+(``masked_logit_bias``) or its explicit path (``allowed_keys``), never through a fused
+kernel, a mask copied by distance or FlexAttention. ``reference_attention`` writes the math
+out; tests hold the paths equal. On the CPU a chunk is sized to stay in cache
+(``query_chunk``).
 
 Shapes: q ``[b, n_h, s_q, h_d]``, k and v ``[b, n_h, s_k, h_d]``; the queries are the last s_q
 of the s_k positions, so query i may see keys j <= s_k - s_q + i.
@@ -38,15 +42,23 @@ def causal_allowed(s_q: int, s_k: int, device: torch.device) -> Tensor:
 
 
 def masked_bias(bias: Tensor | None, q: Tensor, s_k: int) -> Tensor:
-    """The scheme's logit term with ``-inf`` on future keys, as a 4-D mask in q's dtype."""
+    """The scheme's logit term with ``-inf`` on future keys, as a 4-D mask in q's dtype.
+
+    Future keys of the last s_q queries lie in the last s_q columns only, so the term is
+    copied once and only that ``[s_q, s_q]`` corner is masked in place (a ``masked_fill``
+    with the ``[s_q, s_k]`` mask broadcast over batch and heads ran 5x slower on CPU: 2.8 vs
+    0.55 ns per element, ``[8, 4, 64, 1024]``, 1 thread). The values are ``masked_fill``'s.
+    """
     s_q = q.shape[-2]
-    allowed = causal_allowed(s_q, s_k, q.device)
     if bias is None:
         bias = torch.zeros(s_q, s_k, device=q.device, dtype=q.dtype)
-    bias = bias.to(q.dtype).masked_fill(~allowed, float("-inf"))
     while bias.dim() < 4:
         bias = bias.unsqueeze(0)  # [n_h, s_q, s_k] -> [1, n_h, s_q, s_k]
-    return bias
+    mask = bias.to(q.dtype, copy=True, memory_format=torch.contiguous_format)
+    corner = min(s_q, s_k)
+    future = ~causal_allowed(s_q, s_k, q.device)[:, s_k - corner :]
+    mask[..., s_k - corner :].masked_fill_(future, float("-inf"))
+    return mask
 
 
 def allowed_keys(pe: PositionScheme, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
@@ -82,29 +94,49 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
 # then takes 8 chunks of 1024 queries instead of one 1 GiB mask per head group.
 MASK_BUDGET = 2**25
 
+# On the CPU a chunk's mask (or logits) is at most this many elements (8 MiB in fp32), so that
+# the element-wise passes over it run from cache and its buffers are reused by the allocator
+# rather than faulted in afresh: see ``query_chunk``.
+CACHE_BUDGET = 2**21
+
 # Largest set of chunk masks kept for reuse by later layers (512 MiB in fp32): above it every
 # layer rebuilds its chunks, so that long windows stay within the per-chunk budget.
 SHARED_MASK_BUDGET = 2**27
+
+
+def query_chunk(b: int, h: int, s: int, device: torch.device) -> int:
+    """Queries per chunk of a window of ``s`` keys: a ``[b, n_h, chunk, s]`` block within
+    ``MASK_BUDGET`` elements, and on the CPU within ``CACHE_BUDGET``.
+
+    Measured on 2 CPU cores (1 thread, b 8, 4 heads, 1024 tokens, per layer): stick-breaking's
+    weights 3.4 s in one chunk of 1024 queries, 0.78 s in chunks of 64; CoPE's bias and
+    attention 7.0 s against 1.06 s; copying a chunk's mask 112 ms against 11 ms. On a GPU,
+    fewer and larger chunks keep kernel launches few.
+    """
+    budget = min(MASK_BUDGET, CACHE_BUDGET) if device.type == "cpu" else MASK_BUDGET
+    return max(1, budget // (b * h * s))
+
 
 BiasFn = Callable[[Tensor, Tensor, Tensor, Tensor], "Tensor | None"]
 
 ATTENTION = ("auto", "sdpa", "flex")  # the values of model.attention
 
 
-def use_flex(mode: str, num_heads: int, seq_len: int, grad: bool) -> bool:
+def use_flex(mode: str, num_heads: int, seq_len: int, grad: bool, device: str = "cpu") -> bool:
     """Whether a pass over ``seq_len`` tokens of a scheme with a logit term attends through
     FlexAttention, under ``model.attention=mode`` (one of ``ATTENTION``); ``grad``: whether
-    gradients are on.
+    gradients are on; ``device``: the device type.
 
-    ``flex`` always, ``sdpa`` never; ``auto`` for evaluation windows whose masks are too large
-    to share across layers (n_h s^2 > ``SHARED_MASK_BUDGET``: from 5793 tokens at 4 heads),
-    where it was measured faster on CPU (eval tokens/s at 8192, d_model 128: ALiBi 2318 vs
-    1519, T5 2471 vs 805), and not below (at 4096: 4354 vs 7739, 3830 vs 7169), nor while
-    training.
+    ``flex`` always, ``sdpa`` never; ``auto`` on a GPU for evaluation windows whose masks are
+    too large to share across layers (n_h s^2 > ``SHARED_MASK_BUDGET``: from 5793 tokens at 4
+    heads), never while training, and never on the CPU: there the masks of cache-sized query
+    chunks (``distance_attention``) were measured faster than compiled FlexAttention (1 thread,
+    d_model 128, 8192 tokens: ALiBi 5.2 to 6.2 s a pass against 12.8 s, T5 4.4 to 5.2 s against
+    10.2 to 10.7 s).
     """
     if mode == "flex":
         return True
-    if mode == "sdpa":
+    if mode == "sdpa" or device == "cpu":
         return False
     return not grad and num_heads * seq_len**2 > SHARED_MASK_BUDGET
 
@@ -121,18 +153,18 @@ def biased_attention(
 
     ``bias_fn(q_chunk, k_prefix, q_pos, k_pos)`` returns the term for one chunk of queries
     against the keys up to the chunk's end (the queries are the last keys, as the scheme hooks
-    expect). Chunks are sized so that a ``[b, n_h, chunk, s_k]`` mask stays within
-    ``MASK_BUDGET`` elements; training lengths fit in one chunk. With ``cache`` (a dict that
-    lives for one forward pass), each chunk's masked bias is built once and reused by every
-    layer: for schemes whose term depends on neither content nor layer (``shared_bias``), and
-    only while all chunks together fit in ``SHARED_MASK_BUDGET`` elements.
+    expect). Chunks are sized by ``query_chunk``; training lengths fit in one chunk. With
+    ``cache`` (a dict that lives for one forward pass), each chunk's masked bias is built once
+    and reused by every layer: for schemes whose term depends on neither content nor layer
+    (``shared_bias``), and only while all chunks together fit in ``SHARED_MASK_BUDGET``
+    elements.
     """
     b, h, s, _ = q.shape
-    chunk = max(1, MASK_BUDGET // (b * h * s))
+    chunk = query_chunk(b, h, s, q.device)
     if cache is not None and h * s * s > SHARED_MASK_BUDGET:
         cache = None
     dtype, outputs = q.dtype, []
-    for start in range(0, s, chunk):
+    for start in reversed(range(0, s, chunk)):  # the longest prefix first (see TransformerXL)
         end = min(s, start + chunk)
         q_chunk, k_prefix, v_prefix = q[:, :, start:end], k[:, :, :end], v[:, :, :end]
         mask = None if cache is None else cache.get((start, end))
@@ -142,7 +174,41 @@ def biased_attention(
             if cache is not None:
                 cache[(start, end)] = mask
         outputs.append(_fp32_attention(q_chunk, k_prefix, v_prefix, mask).to(dtype))
-    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs[::-1], dim=2)
+
+
+def distance_attention(q: Tensor, k: Tensor, v: Tensor, by_distance: Tensor) -> Tensor:
+    """Causal attention with a relative bias given by distance (``bias_by_distance``,
+    ``[n_h, s]``: entry n at i - j = n), by query chunks, with no term computed per pair: a
+    chunk's mask is one strided copy of the table. Its rows are read in reverse (query
+    end - 1 first), which makes both strides +1 on the flipped table, and the chunk's queries
+    are reversed with them (SDPA does not care about their order). In float32 whatever
+    autocast says, as ``_fp32_attention``.
+
+    Measured on 2 CPU cores (1 thread, d_model 128, 4 layers, 8192 tokens, one window; the
+    chunks of ``query_chunk``): ALiBi 7.9 s a pass with its bias computed per chunk, T5 10.2
+    to 11.5 s (FlexAttention: 12.8 and 10.2 to 10.7 s).
+    """
+    b, h, s, _ = q.shape
+    chunk = query_chunk(b, h, s, q.device)
+    dtype, outputs = q.dtype, []
+    with torch.autocast(q.device.type, enabled=False):
+        # column y holds distance s - 1 - y; the chunk - 1 negative distances (future) hold 0
+        table = F.pad(by_distance.float(), (chunk - 1, 0)).flip(-1)  # [n_h, s + chunk - 1]
+        q, k, v = q.float(), k.float(), v.float()
+        for start in range(0, s, chunk):
+            end = min(s, start + chunk)
+            c = end - start
+            offset = table.storage_offset() + s - start - c
+            block = table.as_strided((1, h, c, end), (0, table.stride(0), 1, 1), offset)
+            mask = block.clone(memory_format=torch.contiguous_format)  # row r: query end-1-r
+            future = ~causal_allowed(c, c, q.device).flip(0)
+            mask[..., end - c :].masked_fill_(future, float("-inf"))
+            y = F.scaled_dot_product_attention(
+                q[:, :, start:end].flip(-2), k[:, :, :end], v[:, :, :end], attn_mask=mask
+            )
+            outputs.append(y.flip(-2))
+    return (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)).to(dtype)
 
 
 def _fp32_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
@@ -198,6 +264,48 @@ def flex_attention(
     return run(q, k, v, score_mod=score_mod, block_mask=mask)
 
 
+def key_biased_attention(q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor) -> Tensor:
+    """Causal attention with a logit term of the key alone (``PositionScheme.key_bias``,
+    ``[b|1, n_h|1, s_k]``), with no mask: the term rides on one more dimension of q and k,
+    q' = [q / sqrt(h_d), 1] and k' = [k, w], so q' . k' = q . k / sqrt(h_d) + w_j, and fused
+    causal SDPA does the rest (v gets a zero column: CPU SDPA ran 7x slower with v narrower
+    than q and k). In float32 whatever autocast says, as ``_fp32_attention``: the term may be
+    large (FoX's cumulative log gates) and a bf16 one would be off by whole units.
+
+    Measured on 2 CPU cores (1 thread, b 8, 4 heads, 1024 tokens, h_d 32): 0.138 s a layer,
+    against 0.126 s for plain causal SDPA and 0.75 s for the same term as a float mask.
+    """
+    b, h, s_q, d = q.shape
+    dtype = q.dtype
+    # a GPU's fused kernels want the head dimension a multiple of 8: zeros change no product
+    pad = (-(d + 1)) % 8 if q.device.type == "cuda" else 0
+    with torch.autocast(q.device.type, enabled=False):
+        q = q.float() / math.sqrt(d)
+        ones = torch.ones(b, h, s_q, 1, device=q.device, dtype=q.dtype)
+        term = key_bias.float().expand(b, h, -1).unsqueeze(-1)  # [b, n_h, s_k, 1]
+        q_ext = F.pad(torch.cat([q, ones], dim=-1), (0, pad))
+        k_ext = F.pad(torch.cat([k.float(), term], dim=-1), (0, pad))
+        v_ext = F.pad(v.float(), (0, 1 + pad))
+        if s_q == k.shape[-2]:
+            y = F.scaled_dot_product_attention(q_ext, k_ext, v_ext, is_causal=True, scale=1.0)
+        else:
+            mask = masked_bias(None, q, k.shape[-2])
+            y = F.scaled_dot_product_attention(q_ext, k_ext, v_ext, attn_mask=mask, scale=1.0)
+    return y[..., :d].to(dtype)
+
+
+def key_score_mod(key_bias: Tensor) -> ScoreMod:
+    """A ``key_bias`` term (``[b|1, n_h|1, s_k]``) as a FlexAttention ``score_mod``."""
+    term = key_bias.float()
+
+    def add_key_term(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        batch = b if term.shape[0] > 1 else 0
+        head = h if term.shape[1] > 1 else 0
+        return score + term[batch, head, kv_idx]
+
+    return add_key_term
+
+
 def reference_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
     """The same computation written out in float32, for tests."""
     logits = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])
@@ -235,9 +343,9 @@ def explicit_attention(
 ) -> Tensor:
     """Attention written out, for schemes with ``modify_logits`` or ``attention_weights``:
     their logits, their weights, times v, in float32 (as ``_fp32_attention``), by query chunks
-    of at most ``MASK_BUDGET`` logits. q and k are already through ``transform_qk``."""
+    (``query_chunk``). q and k are already through ``transform_qk``."""
     b, h, s, _ = q.shape
-    chunk = max(1, MASK_BUDGET // (b * h * s))
+    chunk = query_chunk(b, h, s, q.device)
     outputs = []
     with torch.autocast(q.device.type, enabled=False):
         for start in range(0, s, chunk):

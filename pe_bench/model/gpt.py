@@ -31,8 +31,11 @@ from pe_bench.model.attention import (
     ATTENTION,
     biased_attention,
     causal_attention,
+    distance_attention,
     explicit_attention,
     flex_attention,
+    key_biased_attention,
+    key_score_mod,
     masked_logit_bias,
     use_flex,
 )
@@ -48,8 +51,9 @@ class ModelConfig:
     mlp_ratio: Annotated[int, Range(ge=1)] = 4  # MLP hidden width = mlp_ratio * d_model
     tie_embeddings: bool = False  # share the input embedding with the output head
     # How schemes with a logit term attend: "sdpa" (float masks, by query chunks), "flex"
-    # (FlexAttention score_mod, no mask; no backward on CPU) or "auto" (flex where measured
-    # faster, see attention.use_flex). Not part of a run's identity: the numbers are the same.
+    # (FlexAttention score_mod, no mask; no backward on CPU) or "auto" (flex for long
+    # evaluation windows on a GPU, see attention.use_flex). Not part of a run's identity: the
+    # numbers are the same.
     attention: str = "auto"
 
     def __post_init__(self) -> None:
@@ -108,17 +112,38 @@ class CausalSelfAttention(nn.Module):
         # [b, s, d] -> [b, n_h, s, h_d]
         q, k, v = (t.view(b, s, self.num_heads, -1).transpose(1, 2) for t in (q, k, v))
         q, k = pe.transform_qk(q, k, pos, pos, self.layer)
-        score_mod = pe.score_mod(pos, pos, self.layer) if ctx.flex else None
-        if pe.has_logits_hook:  # the scheme rewrites logits or weights: written out
-            y = explicit_attention(q, k, v, pos, pe, self.layer)
-        elif score_mod is not None:  # the scheme's term inside FlexAttention
-            y = flex_attention(q, k, v, score_mod)
-        elif pe.has_score_bias or pe.has_attention_mask:  # float masks, by query chunks
-            bias_fn = partial(masked_logit_bias, pe, layer=self.layer)
-            y = biased_attention(q, k, v, pos, bias_fn, ctx.bias_cache)
-        else:  # fused causal SDPA
-            y = causal_attention(q, k, v)  # [b, n_h, s, h_d]
+        y = self.attend(q, k, v, ctx)  # [b, n_h, s, h_d]
         return self.proj(y.transpose(1, 2).reshape(b, s, d))
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: ForwardContext) -> Tensor:
+        """The attention path the scheme's hooks allow, the most fused first."""
+        pe, pos = ctx.pe, ctx.pos
+        if pe.has_logits_hook:  # the scheme rewrites logits or weights: written out
+            return explicit_attention(q, k, v, pos, pe, self.layer)
+        if pe.has_attention_mask:  # keys hidden by -inf in float masks, by query chunks
+            bias_fn = partial(masked_logit_bias, pe, layer=self.layer)
+            return biased_attention(q, k, v, pos, bias_fn, ctx.bias_cache)
+        if pe.has_key_bias:  # a term of the key alone: no mask at all
+            return self.key_biased(q, k, v, ctx)
+        if not pe.has_score_bias:  # fused causal SDPA
+            return causal_attention(q, k, v)
+        score_mod = pe.score_mod(pos, pos, self.layer) if ctx.flex else None
+        if score_mod is not None:  # the scheme's term inside FlexAttention
+            return flex_attention(q, k, v, score_mod)
+        by_distance = pe.bias_by_distance(pos, self.layer)
+        if by_distance is not None:  # masks copied from the term's table by distance
+            return distance_attention(q, k, v, by_distance)
+        # the scheme's term in float masks, by query chunks
+        bias_fn = partial(pe.logit_bias, layer=self.layer)
+        return biased_attention(q, k, v, pos, bias_fn, ctx.bias_cache)
+
+    def key_biased(self, q: Tensor, k: Tensor, v: Tensor, ctx: ForwardContext) -> Tensor:
+        """Attention with the scheme's ``key_bias``: fused SDPA, or its ``score_mod`` in
+        FlexAttention where ``ctx.flex`` (``model.attention=flex`` only)."""
+        term = ctx.pe.key_bias(q, k, ctx.pos, ctx.pos, self.layer)
+        if ctx.flex:
+            return flex_attention(q, k, v, key_score_mod(term))
+        return key_biased_attention(q, k, v, term)
 
 
 class MLP(nn.Module):
@@ -176,10 +201,13 @@ class GPT(nn.Module):
         pos = self.pe.positions(seq_len, idx.device)  # [s]
         x = self.pe.embed(self.tok_emb(idx), pos)  # [b, s, d]
         pe = self.pe
+        heads, device = self.cfg.num_heads, idx.device.type
         flex = (
             pe.has_score_bias
             and not (pe.has_logits_hook or pe.has_attention_mask)
-            and use_flex(self.cfg.attention, self.cfg.num_heads, seq_len, torch.is_grad_enabled())
+            and use_flex(self.cfg.attention, heads, seq_len, torch.is_grad_enabled(), device)
+            # a key_bias term needs no mask at any length: FlexAttention only when asked for
+            and (not pe.has_key_bias or self.cfg.attention == "flex")
         )
         # one mask for all layers, unless a per-layer scale multiplies it or a mask hides keys
         shared = pe.shared_bias and not (pe.scales_bias or pe.has_attention_mask)

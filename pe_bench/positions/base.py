@@ -87,6 +87,12 @@ class PositionScheme(nn.Module):
     the same signature: the formula written out, which the conformance kit
     (``pe_bench.conformance.kit``) holds equal to the fast path on every unmasked entry.
 
+    Two optional forms of ``score_bias`` move it to a faster path (the kit holds each equal to
+    ``score_bias``): ``key_bias`` (the bias as a term of the key alone, up to a term of the
+    query: fused causal SDPA with no mask, FoX) and ``score_mod`` (FlexAttention); a
+    content-free ``relative`` bias gets both a ``score_mod`` and masks copied from a table by
+    distance (``bias_by_distance``) by default.
+
     The attention module picks its path from which hooks a scheme overrides
     (``has_score_bias``), so the model never branches on scheme names.
 
@@ -174,6 +180,15 @@ class PositionScheme(nn.Module):
         return type(self).attention_mask is not PositionScheme.attention_mask
 
     @property
+    def has_key_bias(self) -> bool:
+        """True when the model attends through ``key_bias`` (fused SDPA, no mask)."""
+        return (
+            type(self).key_bias is not PositionScheme.key_bias
+            and not self.has_logits_hook
+            and not (self.scales_bias and not self.content_bias)
+        )
+
+    @property
     def has_logits_hook(self) -> bool:
         """True when the scheme rewrites the logits or their normalisation, which rules out
         every fused path: the model then attends through ``attention.explicit_attention``."""
@@ -222,25 +237,47 @@ class PositionScheme(nn.Module):
         """Additive logit term broadcastable to ``[b, n_h, s_q, s_k]`` (after 1/sqrt(h_d))."""
         return None
 
+    def key_bias(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
+    ) -> Tensor | None:
+        """``score_bias`` as a term of the key alone, ``[b|1, n_h|1, s_k]``, where the bias is
+        one up to a term of the query, which the softmax cancels (FoX's D_ij = c_i - c_j gives
+        -c_j); None: no such form. With it the model attends by fused causal SDPA, the term as
+        one more dimension of q and k (``attention.key_biased_attention``), and builds no mask;
+        schemes that rewrite the logits or weights (``has_logits_hook``) or scale the bias
+        (``scales_bias``) keep their own paths. The conformance kit holds ``logit_bias`` minus
+        this term constant along every query's row."""
+        return None
+
+    def bias_by_distance(self, k_pos: Tensor, layer: int) -> Tensor | None:
+        """A content-free relative bias tabulated by distance, ``[n_h, s_k]`` in float32
+        (entry n: the term at i - j = n, n = 0 .. s_k - 1), from one row of ``score_bias``;
+        None where the bias is not a function of the distance alone (content-dependent,
+        scaled, not ``relative``, or no bias). The positions are taken to be consecutive (as
+        ``positions`` gives them), so the table is sized from shapes, without reading a position
+        back to the host. The model builds each query chunk's mask from it with one strided
+        copy (``attention.distance_attention``), and ``score_mod`` reads it."""
+        if self.content_bias or self.scales_bias or not self.relative or not self.has_score_bias:
+            return None
+        keys = torch.arange(k_pos.shape[-1], device=k_pos.device)  # distances s_k - 1 .. 0
+        row = self.score_bias(None, None, keys[-1:], keys, layer)  # [n_h, 1, s_k]
+        row = row[0] if row.dim() == 4 else row  # [1, n_h, 1, s] -> [n_h, 1, s]
+        row = row.expand(self.dims.num_heads, 1, -1)  # also [1, s] or [1, 1, s]: one for all
+        return row[:, 0].flip(-1).float()  # [n_h, s_k]: entry n at distance n
+
     def score_mod(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> ScoreMod | None:
         """``score_bias`` as a FlexAttention ``score_mod``, ``(score, b, h, q_idx, kv_idx) ->
         score + bias``, so that no ``[s_q, s_k]`` mask is ever built; None: no such form.
 
         The default covers every content-free relative bias (ALiBi, T5, KERPLE, Sandwich): the
-        term is a function of the distance i - j alone, so one row of ``score_bias`` tabulates
-        it for every distance. The positions are taken to be consecutive (as ``positions``
-        gives them), so the distances are 0 .. s_k - 1 and the table is sized from shapes,
-        without reading a position back to the host. Other content-free schemes may override
-        it (the conformance kit holds it equal to ``score_bias``).
+        term is a function of the distance i - j alone, tabulated by ``bias_by_distance``.
+        Other content-free schemes may override it (the conformance kit holds it equal to
+        ``score_bias``).
         """
-        if self.content_bias or self.scales_bias or not self.relative or not self.has_score_bias:
+        by_distance = self.bias_by_distance(k_pos, layer)
+        if by_distance is None:
             return None
-        longest = k_pos.shape[-1] - 1  # the queries are the last keys
-        keys = torch.arange(longest + 1, device=q_pos.device)  # distances longest .. 0
-        row = self.score_bias(None, None, keys[-1:], keys, layer)  # [n_h, 1, longest + 1]
-        row = row[0] if row.dim() == 4 else row  # [1, n_h, 1, s] -> [n_h, 1, s]
-        row = row.expand(self.dims.num_heads, 1, -1)  # also [1, s] or [1, 1, s]: one for all
-        by_distance = row[:, 0].flip(-1).float()  # [n_h, longest + 1]: entry n at distance n
+        longest = by_distance.shape[-1] - 1
 
         def add_bias(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             # future keys (negative distances) are masked anyway

@@ -6,6 +6,7 @@ import math
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pe_bench.config import Range
@@ -54,15 +55,22 @@ class CoPE(PositionScheme):
         return torch.sigmoid(logits) * allowed
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
-        pos = self.gates(q, k).flip(-1).cumsum(-1).flip(-1)  # sum over t >= j of g_it
-        pos = pos.clamp(max=self.npos_max - 1)
-        logits_int = q.float() @ self.pos_emb[layer].float()  # [b, n_h, s_q, npos_max]: q_i . e[p]
-        floor = pos.floor()
-        w = pos - floor  # differentiable in the gates
-        lower = floor.long()
-        upper = (lower + 1).clamp_(max=self.npos_max - 1)  # ceil(p) wherever w > 0
-        at_lower, at_upper = logits_int.gather(-1, lower), logits_int.gather(-1, upper)
-        return (at_lower + w * (at_upper - at_lower)) / math.sqrt(self.dims.head_dim)
+        """The gates against the keys in reverse order, so that p_ij = sum_{t=j..i} g_it is
+        one plain cumulative sum (future keys: logit -inf, gate 0), then one ``gather`` of
+        (q . e[n], q . e[n + 1] - q . e[n]) pairs at n = floor(p) interpolates the logits."""
+        s_q = q.shape[-2]
+        q = q.float() / math.sqrt(self.dims.head_dim)
+        logits = q @ k.float().flip(-2).transpose(-2, -1)  # [b, n_h, s_q, s_k]: key s_k-1-m at m
+        # the future keys of the last s_q queries: the first s_q columns of the reversed keys
+        allowed = torch.ones(s_q, s_q, dtype=torch.bool, device=q.device).tril().flip(-1)
+        logits[..., :s_q].masked_fill_(~allowed, float("-inf"))
+        pos = torch.sigmoid(logits).cumsum(-1).clamp(max=self.npos_max - 1).flip(-1)
+        at_int = q @ self.pos_emb[layer].float()  # [b, n_h, s_q, npos_max]: q_i . e[n]
+        step = F.pad(at_int[..., 1:] - at_int[..., :-1], (0, 1))  # q_i . (e[n + 1] - e[n])
+        pairs = torch.view_as_complex(torch.stack([at_int, step], dim=-1))
+        lower = pos.long()  # floor: p >= 0
+        at_lower, slope = torch.view_as_real(pairs.gather(-1, lower)).unbind(-1)
+        return at_lower + pos.frac() * slope
 
     def score_bias_reference(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int

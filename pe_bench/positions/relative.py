@@ -59,6 +59,7 @@ class TransformerXL(PositionScheme):
             nn.init.normal_(lin.weight, std=0.02)
         self.u = nn.Parameter(torch.zeros(dims.num_heads, dims.head_dim))
         self.v = nn.Parameter(torch.zeros(dims.num_heads, dims.head_dim))
+        self._tables: dict[int, tuple[tuple, Tensor]] = {}  # see _encoded_distances
 
     def _content_term(self, k: Tensor) -> Tensor:
         """u . k_j: ``[b, n_h, 1, s_k]``."""
@@ -69,9 +70,24 @@ class TransformerXL(PositionScheme):
         r = self.r_net[layer](sinusoid_table(n, self.dims.d_model).to(self.u.dtype))
         return r.view(*n.shape, self.dims.num_heads, self.dims.head_dim)
 
+    def _encoded_distances(self, s_k: int, layer: int, device: torch.device) -> Tensor:
+        """W_R r_n for n = s_k - 1 .. 0: ``[s_k, n_h, h_d]``. Without gradients the table is
+        kept per layer (while W_R is unchanged: same tensor, same in-place version) and the
+        last s_k rows of a longer one are reused, so that the query chunks of a long window
+        (the longest first, ``attention.biased_attention``) project the sinusoids once."""
+        weight = self.r_net[layer].weight
+        if torch.is_grad_enabled():
+            return self._encode(torch.arange(s_k - 1, -1, -1, device=device), layer)
+        stamp = (weight.data_ptr(), weight._version, device, weight.dtype)
+        kept = self._tables.get(layer)
+        if kept is None or kept[0] != stamp or kept[1].shape[0] < s_k:
+            table = self._encode(torch.arange(s_k - 1, -1, -1, device=device), layer)
+            kept = self._tables[layer] = (stamp, table)
+        return kept[1][kept[1].shape[0] - s_k :]
+
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
         s_k, scale = k.shape[-2], 1 / math.sqrt(self.dims.head_dim)
-        r = self._encode(torch.arange(s_k - 1, -1, -1, device=q.device), layer)  # [s_k, n_h, h_d]
+        r = self._encoded_distances(s_k, layer, q.device)  # [s_k, n_h, h_d]
         qv = (q + self.v.to(q.dtype).unsqueeze(1)) * scale  # [b, n_h, s_q, h_d]
         position = qv @ r.to(q.dtype).permute(1, 2, 0)  # [b, n_h, s_q, s_k], contiguous
         return rel_shift(position) + self._content_term(k) * scale

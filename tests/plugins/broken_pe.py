@@ -188,3 +188,17 @@ class FirstRowsMask(PositionScheme):
     def attention_mask(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
         i = torch.arange(len(q_pos), device=q_pos.device).unsqueeze(-1)
         return (i - k_pos < 4) & (i >= k_pos)
+
+
+@register("broken_key_bias")
+class WrongKeyBias(PositionScheme):
+    """A bias c_i - c_j given to the fused path as +c_j: the wrong sign."""
+
+    content_bias = True
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        c = k.float().sum(-1).cumsum(-1)  # [b, n_h, s_k]
+        return c[..., -q.shape[-2] :].unsqueeze(-1) - c.unsqueeze(-2)
+
+    def key_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        return k.float().sum(-1).cumsum(-1)

@@ -1,0 +1,77 @@
+"""experiments/bench_schemes.py on toy lengths: every zoo label is there, each rate comes with
+its ratio to rope from the same run, and the table carries its provenance."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+SCRIPT = Path(__file__).parents[2] / "experiments" / "bench_schemes.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_schemes", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("bench_throughput", None)
+
+
+@pytest.mark.slow  # 14 s: hydra composes the zoo's 27 configs
+def test_the_labels_are_the_zoo_s(bench):
+    labels, model = bench.zoo_labels()
+    assert len(labels) == 38 and list(labels)[:2] == ["nope", "sinusoidal"]
+    assert labels["rope+rerope"]["name"] == "rerope" and labels["fire"]["name"] == "fire"
+    assert (model["d_model"], model["num_layers"], model["num_heads"]) == (128, 4, 4)
+
+
+@pytest.mark.slow  # 25 s: the zoo's configs, then a toy run
+def test_toy_run_writes_rates_ratios_memory_and_provenance(bench, tmp_path, capsys):
+    args = "--labels fox,stickbreaking,rope+pi --train-len 8 --batch 2 --train-steps 1"
+    bench.main(
+        [
+            *args.split(),
+            "--eval-lengths",
+            "16,32",
+            "--eval-tokens",
+            "64",
+            "--repeats",
+            "1",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    rows = pd.read_csv(tmp_path / "schemes_cpu.csv").set_index("label")
+    assert list(rows.index) == ["rope", "fox", "stickbreaking", "rope+pi"]
+    assert rows.loc["rope", ["train_x_rope", "eval16_x_rope", "eval32_x_rope"]].tolist() == [
+        1,
+        1,
+        1,
+    ]
+    assert pd.isna(rows.loc["rope+pi", "train_tok_s"])  # an eval-time variant is not trained
+    assert rows.loc["fox", "path"] == "key_bias" and rows.loc["stickbreaking", "path"] == "explicit"
+    assert (rows[["eval32_tok_s", "eval32_peak_mb", "eval32_gflop", "eval32_mfu"]] > 0).all().all()
+    assert rows["cpu_capability"].iloc[0] == torch.backends.cpu.get_cpu_capability()
+    assert rows["git_sha"].notna().all() and (rows["threads"] >= 1).all()
+    table = (tmp_path / "schemes_cpu.md").read_text()
+    assert (
+        "| stickbreaking | explicit |" in table
+        and table == capsys.readouterr().out.rstrip("\n") + "\n"
+    )
+
+
+def test_live_tensors_count_what_a_call_keeps_alive_at_once(bench):
+    with bench.LiveTensors() as tracker:
+        a = torch.zeros(1000)  # 4000 bytes
+        b = torch.zeros(500)  # 2000 more: 6000 at once
+        del a
+        c = b.view(5, 100)  # a view adds nothing
+        d = torch.zeros(250)  # 1000 after a was freed: 3000 live
+    assert tracker.peak == 6000 and tracker.live == 3000
+    del b, c, d

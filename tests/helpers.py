@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import torch
 from hydra import compose as hydra_compose
 from hydra import initialize_config_module
@@ -62,6 +63,17 @@ VARIANTS = [
     "leaky_rerope",
     "self_extend",
 ]
+# The fast lane's sample of the per-scheme tests (``pytest -m "not slow"``): one scheme of each
+# attention path (fused causal, key term, distance table, float mask, explicit, hidden keys)
+# and two variants; the full suite runs every scheme.
+FAST_LANE = ["nope", "rope", "alibi", "fox", "fire", "stickbreaking", "irope", "yarn", "rerope"]
+
+
+def fast_lane(names: list[str], sample: list[str] = FAST_LANE) -> list:
+    """``names`` as pytest params, those not in ``sample`` marked slow."""
+    return [pytest.param(n, marks=[] if n in sample else [pytest.mark.slow]) for n in names]
+
+
 # Schemes that rewrite the logits or their normalisation (modify_logits, attention_weights) or
 # scale their bias (scales_bias): they leave the fused attention paths on purpose.
 LOGIT_HOOKS = [

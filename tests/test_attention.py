@@ -130,6 +130,7 @@ def test_mask_shared_across_layers_equals_one_per_layer(name, monkeypatch):
 FLEX_SCHEMES = ["alibi", "t5", "kerple_log", "kerple_power", "sandwich"]
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
 @pytest.mark.parametrize("name", FLEX_SCHEMES)
 @pytest.mark.parametrize("s", [40, 200])  # within one block, and across blocks of 128

@@ -141,7 +141,17 @@ BAD_INPUT = [
 ]
 
 
-@pytest.mark.parametrize(("args", "message"), BAD_INPUT)
+def first_in_fast_lane(cases: list, n: int) -> list:
+    """The cases as pytest params, all but the first ``n`` marked slow (about 0.3 s each:
+    each composes the config as Hydra does)."""
+    params = [c if hasattr(c, "marks") else pytest.param(*c) for c in cases]
+    return [
+        p if i < n else pytest.param(*p.values, marks=[*p.marks, pytest.mark.slow], id=p.id)
+        for i, p in enumerate(params)
+    ]
+
+
+@pytest.mark.parametrize(("args", "message"), first_in_fast_lane(BAD_INPUT, 6))
 def test_bad_input_is_refused_before_training(tmp_path, tiny_config, args, message):
     with pytest.raises(UserError, match=re.escape(message)):
         cli.run(tiny_config(*args), tmp_path)
@@ -243,6 +253,7 @@ def test_a_bad_value_in_a_sweep_is_refused_before_any_job(tmp_path, sweep, args,
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_sweep_names_the_job_with_the_bad_value(tmp_path):
     """The first job is fine, the second is not: every job is planned, and the one refused is
     named with its overrides."""
@@ -322,7 +333,7 @@ def files_where_jobs_go(tmp_path: Path) -> None:
     (out / "jobs" / run_dir_name(dirname)).write_text("")
 
 
-@pytest.mark.parametrize(("args", "message"), ROUND_3)
+@pytest.mark.parametrize(("args", "message"), first_in_fast_lane(ROUND_3, 3))
 def test_round_3_bad_input_is_one_line_before_anything_is_made(tmp_path, args, message):
     files_where_jobs_go(tmp_path)
     before = sorted(tmp_path.rglob("*"))
@@ -333,6 +344,7 @@ def test_round_3_bad_input_is_one_line_before_anything_is_made(tmp_path, args, m
     assert sorted(tmp_path.rglob("*")) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "message"), PRETRAINED_UNREAD)
 def test_what_a_pretrained_model_would_ignore_is_refused(tmp_path, args, message):
     with pytest.raises(UserError, match=re.escape(message)):
@@ -504,6 +516,7 @@ def test_paper_mini_end_to_end_shrunk(tmp_path, name):
     assert_regenerates(folder, tmp_path / "regenerated")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("scheme", "caveat"),
     [
@@ -517,6 +530,7 @@ def test_records_carry_the_schemes_caveat(tmp_path, tiny_config, scheme, caveat)
     assert all(caveat in r["caveat"] for r in rows)
 
 
+@pytest.mark.slow
 def test_a_variants_records_carry_its_caveat(tmp_path, tiny_config):
     """LongRoPE with NTK's long factors (its default) says so on its own records, perplexity
     and probes alike, and only there: rope and its other variants carry none."""

@@ -17,7 +17,7 @@ from pe_bench.run.evaluate import EvalConfig
 from pe_bench.run.plan import plan
 from pe_bench.run.train import FinetuneConfig, TrainConfig
 
-from .helpers import TRAINABLE, VARIANTS, compose
+from .helpers import TRAINABLE, VARIANTS, compose, fast_lane
 
 CONF = Path(__file__).parents[1] / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
@@ -30,7 +30,7 @@ def test_default_config_has_the_card_groups():
     assert set(cfg.eval.variants) == {"pi", "ntk"}
 
 
-@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("scheme", fast_lane(SCHEMES))
 def test_every_pe_yaml_names_its_registered_scheme(scheme):
     cfg = compose(f"pe={scheme}")
     assert cfg.pe.name == scheme
@@ -39,8 +39,8 @@ def test_every_pe_yaml_names_its_registered_scheme(scheme):
 
 @pytest.mark.parametrize(
     "experiment",
-    # the zoo plans 38 schemes (5 s on 2 cores): in the full suite only
-    [pytest.param(e, marks=[pytest.mark.slow] if e == "zoo" else []) for e in EXPERIMENTS],
+    # 0.5 to 5 s each (the zoo plans 38 schemes): the fast lane composes smoke's only
+    fast_lane(EXPERIMENTS, ["smoke"]),
 )
 def test_every_experiment_composes_and_builds(experiment):
     """Every job of the experiment's sweep passes ``plan``: scheme built, eval lengths and
@@ -62,6 +62,7 @@ def test_every_experiment_composes_and_builds(experiment):
         load_corpus(cfg.data)
 
 
+@pytest.mark.slow
 def test_paper_experiments_have_the_papers_lengths_and_ratios():
     alibi = compose("experiment=alibi_paper")
     assert list(alibi.eval.lengths) == [512, 1012, 2512, 4512, 7512]
@@ -77,6 +78,7 @@ def test_paper_experiments_have_the_papers_lengths_and_ratios():
     assert tuned[1].scheme.factor == 4.0  # PI's positions / 4 at every length
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["dynamic_ntk", "yarn", "logn"])  # pi, ntk: default
 def test_variants_take_the_trained_ropes_base(variant):
     """A variant scores the trained model: at base 500000 its rope+variant rows use 500000
@@ -115,6 +117,7 @@ def test_unknown_group_option_is_hydra_error():
         compose("pe=ropee")
 
 
+@pytest.mark.slow
 def test_bad_types_and_unknown_keys():
     with pytest.raises(UserError, match="train.steps='abc' must be an integer"):
         from_node(TrainConfig, compose("train.steps=abc").train, "train")

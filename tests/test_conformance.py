@@ -16,13 +16,13 @@ from pe_bench.conformance.kit import FAIL, PASS, SKIP, assert_conforms, check_sc
 from pe_bench.errors import UserError
 from pe_bench.positions import registered
 
-from .helpers import TRAINABLE, VARIANTS
+from .helpers import TRAINABLE, VARIANTS, fast_lane
 from .plugins import broken_pe
 
 ROOT = Path(__file__).parents[1]
 
 
-@pytest.mark.parametrize("name", TRAINABLE + VARIANTS)
+@pytest.mark.parametrize("name", fast_lane(TRAINABLE + VARIANTS))
 def test_every_built_in_scheme_conforms(name):
     report = assert_conforms(name)
     cls = registered()[name]
@@ -36,6 +36,7 @@ def test_every_built_in_scheme_conforms(name):
     assert report["key_bias"].status == (PASS if name == "fox" else SKIP)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("scheme", "check", "message"),
     [
@@ -169,6 +170,7 @@ def test_an_unknown_scheme_without_plugin_hints_at_plugin(capsys):
     assert "pe-bench-check no_such_rope --plugin <module>" in err
 
 
+@pytest.mark.slow
 def test_cost_is_timed_against_rope_with_the_path_and_what_is_faster(monkeypatch, capsys):
     """pe-bench-check ends with the scheme's cost against rope on the same shape (a toy one
     here) and the attention path its hooks give it; ``--no-cost`` leaves it out."""

@@ -58,6 +58,7 @@ def installed(gguf_file, tmp_path, monkeypatch) -> str:
     return f"pkg:{DIST}/{gguf_file[0].name}"
 
 
+@pytest.mark.slow
 def test_a_gguf_file_a_folder_with_gguf_file_and_a_package_name_the_same_weights(
     gguf_file, installed
 ):

@@ -71,6 +71,7 @@ def test_one_seed_marks_the_best_only(tmp_path):
     assert "underlined" not in tex
 
 
+@pytest.mark.slow
 def test_latex_option_copies_the_tables_into_a_folder(tmp_path, capsys):
     write_runs(tmp_path / "runs", separable_seeds())
     report_main([str(tmp_path / "runs"), "--latex", str(tmp_path / "paper")])

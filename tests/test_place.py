@@ -107,6 +107,7 @@ def test_a_copy_cut_short_by_an_older_version_gets_its_missing_files(tmp_path, c
     assert "lacked 4 files" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_bad_option_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     """Issue 29, item 5: --option nosuch=3 was checked by the sweep after the copy, leaving
     --out with the bad command in its commands.txt (and error.txt files)."""

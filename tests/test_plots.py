@@ -140,6 +140,7 @@ def test_heatmap_annotates_every_cell():
     assert texts == ["1.00", f"{2.0 / 0.9:.2f}", "1.00", f"{1.5 / 1.2:.2f}"]  # rope, alibi
 
 
+@pytest.mark.slow
 @pytest.mark.real_figures
 def test_saved_figures_are_valid_and_byte_stable(tmp_path):
     stats = aggregate.seed_stats(prepared(three_seeds()), "bpb")

@@ -223,6 +223,7 @@ def measured(record: dict) -> dict:
     return {k: v for k, v in record.items() if k not in times}
 
 
+@pytest.mark.slow
 def test_probes_are_cached_resumed_and_a_changed_setting_recomputes(tmp_path, tiny_config):
     """Every label gets each probe's records; a rerun computes nothing; a record lost to a kill
     is the only one computed again; a changed setting recomputes that probe alone."""
@@ -252,6 +253,7 @@ def test_probes_are_cached_resumed_and_a_changed_setting_recomputes(tmp_path, ti
     assert old_hash not in {r.get("probe_hash") for r in read_jsonl(tmp_path / RECORDS)}
 
 
+@pytest.mark.slow
 def test_a_job_measured_before_probes_existed_gains_them_and_keeps_its_records(
     tmp_path, tiny_config, caplog
 ):
@@ -269,6 +271,7 @@ def test_a_job_measured_before_probes_existed_gains_them_and_keeps_its_records(
     assert "7 of 10 records to compute" in caplog.text and "resumed at step 3 of 3" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_fine_tuned_model_is_probed_too(tmp_path, tiny_config):
     """Its probes run on the fine-tuned model (its own run id), without eval-time variants."""
     tuned = ["+finetune@finetunes.pi=pi", "finetunes.pi.steps=2", "finetunes.pi.warmup_steps=1"]
@@ -284,6 +287,7 @@ def test_a_fine_tuned_model_is_probed_too(tmp_path, tiny_config):
     }
 
 
+@pytest.mark.slow
 def test_probes_off_keeps_the_probe_records(tmp_path, tiny_config):
     """eval.probes=[] neither computes nor drops probe records (a probe not asked for is kept,
     as a variant is)."""
@@ -291,6 +295,7 @@ def test_probes_off_keeps_the_probe_records(tmp_path, tiny_config):
     assert cli.run(tiny_config("pe=nope"), tmp_path) == with_probes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("override", "message"),
     [
@@ -343,6 +348,7 @@ def probe_folder(tmp_path, retrieval_gains: dict[str, float]):
     return tmp_path
 
 
+@pytest.mark.slow
 def test_the_report_says_when_the_copy_probe_has_no_signal(tmp_path):
     folder = probe_folder(tmp_path, {"rope": 0.004, "alibi": 0.03})
     built = build_report(folder, echo=False)
@@ -360,6 +366,7 @@ def test_the_report_says_when_the_copy_probe_has_no_signal(tmp_path):
     assert built.tables["ppl"]["eval_len"].tolist() == [16, 32, 16, 32]
 
 
+@pytest.mark.slow
 def test_the_report_names_the_labels_with_signal(tmp_path):
     folder = probe_folder(tmp_path, {"rope": 0.004, "alibi": 0.8})
     text = build_report(folder, echo=False).path.read_text()
@@ -382,6 +389,7 @@ def test_seeds_give_the_probe_cells_their_confidence_interval(tmp_path):
     assert cell.mean == pytest.approx(0.2) and cell.ci_high == pytest.approx(0.2 + half)
 
 
+@pytest.mark.slow
 def test_every_eval_key_is_left_out_of_the_job_folder_name():
     """Another probe setting (like any other eval-only key) finds the same trained model's
     folder (eval.variants is left as it was)."""

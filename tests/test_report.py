@@ -174,6 +174,7 @@ def test_seeds_give_confidence_intervals(tmp_path, capsys):
     assert "n = 3 seeds per cell" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_diverged_runs_are_shown(tmp_path):
     rows = [
         *three_seeds(),
@@ -222,6 +223,7 @@ def test_caveats_travel_with_the_numbers(tmp_path):
     assert "Caveat, alibi" not in text and "Caveat, rope" not in text
 
 
+@pytest.mark.slow
 def test_provenance_names_the_cpu_where_records_do(tmp_path):
     """Records that name their CPU model and ATen kernels put them in the provenance section
     and the cost notes, with how many records name none; records that name none (every one
@@ -335,6 +337,7 @@ def report_files(folder: Path) -> dict[Path, bytes]:
     return {path: path.read_bytes() for path in paths}
 
 
+@pytest.mark.slow
 def test_every_report_file_replaces_the_old_one_whole(tmp_path, monkeypatch):
     """Figures, their data, tables and report.md each reach their place by one os.replace of a
     temporary file beside them: a report killed at any moment leaves each file old or new."""
@@ -354,6 +357,7 @@ def test_every_report_file_replaces_the_old_one_whole(tmp_path, monkeypatch):
     assert all(folder == dst.parent for folder, dst in replaced)
 
 
+@pytest.mark.slow
 @pytest.mark.real_figures
 def test_a_figure_that_fails_midway_leaves_the_old_one(tmp_path, monkeypatch):
     """A figure save that dies halfway through (a kill, a full disk) used to leave a truncated
@@ -379,6 +383,7 @@ def test_a_figure_that_fails_midway_leaves_the_old_one(tmp_path, monkeypatch):
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp")]
 
 
+@pytest.mark.slow
 def test_a_killed_reports_temporary_files_are_removed(tmp_path):
     """A report killed mid-write leaves its temporary file; the next report clears it."""
     write_runs(tmp_path, three_seeds())
@@ -440,6 +445,7 @@ def oom(scheme: str, seed: int, eval_len: int) -> dict:
     return {**record(scheme, seed, eval_len, 0.0, status="skipped", reason=reason), **nothing}
 
 
+@pytest.mark.slow
 def test_skipped_evaluations_are_listed_with_their_reason(tmp_path, capsys):
     rows = [r for r in three_seeds() if (r["run_id"], r["eval_len"]) != ("rope-0", 32)]
     write_runs(tmp_path, [*rows, oom("rope", 0, 32)])

@@ -213,6 +213,7 @@ def numbers(rows: list[dict], finetune: str | None = None) -> list[tuple]:
     return [(r["variant"], r["eval_len"], r["nll"]) for r in rows if r.get("finetune") == finetune]
 
 
+@pytest.mark.slow
 def test_finetunes_add_models_and_leave_the_trained_one_alone(tmp_path, tiny_config):
     plain = cli.run(tiny_config("pe=rope"), tmp_path / "plain")
     tuned = cli.run(tiny_config(*FINETUNED), tmp_path / "tuned")
@@ -238,6 +239,7 @@ def aggregate_labels(rows: list[dict]) -> list[str]:
     return aggregate.label_order(aggregate.prepare(pd.DataFrame(rows)))
 
 
+@pytest.mark.slow
 def test_finetunes_are_cached_and_resumed(tmp_path, caplog, tiny_config):
     caplog.set_level("INFO")
     first = cli.run(tiny_config(*FINETUNED), tmp_path)
@@ -260,6 +262,7 @@ def test_finetunes_are_cached_and_resumed(tmp_path, caplog, tiny_config):
     assert numbers(third, "ft") == numbers(first, "ft")
 
 
+@pytest.mark.slow
 def test_a_kill_in_the_second_finetunes_evaluation_keeps_the_first_ones_curve(
     tmp_path, tiny_config
 ):
@@ -287,6 +290,7 @@ def test_a_finetune_applies_to_its_scheme_only(tiny_config):
     assert [(ft.key, ft.scheme.name) for ft in alibi.finetunes] == [("ft", "alibi")]
 
 
+@pytest.mark.slow
 def test_a_corrupt_checkpoint_is_one_line_naming_it_and_force(tmp_path, tiny_config):
     """``truncate -s 50000 checkpoint.pt`` (a full disk, a copy cut short): every rerun said
     OSError/EOFError/UnpicklingError with a traceback; now one line naming the file and the way

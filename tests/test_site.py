@@ -58,6 +58,7 @@ def table_rows(html: str, board: str) -> dict[str, list[tuple[str, str, str]]]:
     return found
 
 
+@pytest.mark.slow
 def test_the_site_loads_nothing_from_the_network(site):
     files = sorted(p.relative_to(site).as_posix() for p in site.rglob("*") if p.is_file())
     assert files == [
@@ -81,6 +82,7 @@ def test_the_site_loads_nothing_from_the_network(site):
     assert not re.search(r"url\(|@import|https?:", (site / "assets" / "site.css").read_text())
 
 
+@pytest.mark.slow
 def test_the_leaderboard_shows_the_reports_numbers_and_marks(site, tmp_path):
     report = build_report(tmp_path / "runs", echo=False)
     html = (site / "index.html").read_text()
@@ -105,6 +107,7 @@ def test_the_leaderboard_shows_the_reports_numbers_and_marks(site, tmp_path):
     assert "Caveats" in html and "a caveat with an_underscore &amp; 50% of a #" in html
 
 
+@pytest.mark.slow
 def test_scheme_pages_have_the_docstring_options_numbers_and_cost(site):
     alibi = (site / "schemes" / "alibi.html").read_text()
     assert '<a href="https://arxiv.org/abs/2108.12409">' in alibi  # its reference, linked
@@ -118,6 +121,7 @@ def test_scheme_pages_have_the_docstring_options_numbers_and_cost(site):
     assert '<a href="pi.html">pi</a>' in rope and "rope+pi" not in table_rows(rope, "main-rope")
 
 
+@pytest.mark.slow
 def test_the_site_is_deterministic_and_keeps_to_its_folder(site, tmp_path, capsys):
     before = {p: p.read_bytes() for p in site.rglob("*") if p.is_file()}
     (site / "schemes" / "gone.html").write_text("a page of an earlier site")

@@ -154,6 +154,7 @@ def test_stray_temporary_files_of_a_killed_run_are_removed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [".report.md.x3.tmp", "notes.tmp"]
 
 
+@pytest.mark.slow
 def test_a_sweeps_job_waits_for_another_run_of_its_folder(tmp_path, tiny_config):
     """Issue 29, item 2: a job of a sweep whose folder another process is running (a second
     sweep into the same folder) was a failure ("in use", error.txt in a complete folder); it
@@ -175,6 +176,7 @@ def test_a_sweeps_failed_job_says_why_in_its_folder_until_it_runs_again(tmp_path
     assert not (tmp_path / FAILED).exists()
 
 
+@pytest.mark.slow
 def test_a_folder_in_use_by_another_run_is_refused_in_one_line(tmp_path, tiny_config):
     with open(tmp_path / LOCK, "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process's run

@@ -50,6 +50,7 @@ def test_a_sweep_without_records_logs_why_there_is_no_report(tmp_path, caplog):
     assert not (tmp_path / "report.md").exists()
 
 
+@pytest.mark.slow
 def test_a_sweep_over_a_setting_reports_each_value_as_its_own_row(tmp_path):
     """Jobs of one scheme and seed that differ in a swept key (train.lr) are rows named by it,
     never seeds of one row: their folder names say what sets them apart."""
@@ -98,6 +99,7 @@ def test_a_run_or_sweep_whose_report_fails_exits_1(tmp_path, caplog, end):
     assert not (tmp_path / "report.md").exists()
 
 
+@pytest.mark.slow
 def test_a_report_that_fails_removes_the_earlier_one(tmp_path, caplog):
     """Records added to a reported folder that cannot share its report: the old report.md,
     tables and figures describe other records, so they go (they used to stay in place)."""
@@ -109,6 +111,7 @@ def test_a_report_that_fails_removes_the_earlier_one(tmp_path, caplog):
     assert "removed the earlier report" in caplog.text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("end", ["on_multirun_end", "on_run_end"])
 def test_a_report_that_cannot_be_written_fails_the_run_in_one_line(
     tmp_path, caplog, monkeypatch, end
@@ -130,6 +133,7 @@ def test_a_report_that_cannot_be_written_fails_the_run_in_one_line(
     )
 
 
+@pytest.mark.slow
 def test_a_sweeps_report_waits_for_another_report_into_its_folder(tmp_path, caplog):
     """Issue 29, item 2: two sweeps into one folder: the second one's report was refused while
     the first one wrote, and its "no report" then removed the first one's report. It waits."""
@@ -145,6 +149,7 @@ def test_a_sweeps_report_waits_for_another_report_into_its_folder(tmp_path, capl
     assert "| alibi" in (tmp_path / "report.md").read_text() and "removed" not in caplog.text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("end", ["on_multirun_end", "on_run_end"])
 def test_a_run_or_sweep_whose_report_is_written_returns(tmp_path, end):
     write_runs(tmp_path, three_seeds())

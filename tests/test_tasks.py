@@ -278,6 +278,7 @@ def test_separable_ranks_put_the_higher_accuracy_first():
     assert ranks[16].tolist() == [2, 1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -306,6 +307,7 @@ def test_a_task_run_records_accuracy_resumes_and_reports(tmp_path, tiny_config):
     assert set(report.figures) == {"exact_match", "token_acc"}
 
 
+@pytest.mark.slow
 def test_a_report_refuses_to_mix_tasks_with_perplexity(tmp_path, tiny_config):
     cli.run(tiny_config("data=task", "data.eval_instances=4", "pe=nope"), tmp_path / "task")
     cli.run(tiny_config("pe=nope"), tmp_path / "text")
@@ -445,6 +447,7 @@ def test_reciprocal_ranks_break_ties_as_the_papers_notebook_does():
     assert first["rope"] == pytest.approx((1 + 1 / 2) / 2) and first["nope"] == pytest.approx(0.6)
 
 
+@pytest.mark.slow
 def test_the_comparison_shows_both_tie_rules_and_what_the_paper_averages_over(tmp_path):
     from pe_bench.report.inputs import Options
 
@@ -495,6 +498,7 @@ def test_flip_flops_headline_is_token_accuracy_in_the_report(tmp_path):
     assert "ranked by token accuracy" in report.path.read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("split", "train", "test"),
     [("copy", 20, range(21, 41)), ("reverse", 20, range(21, 41)), ("addition", 8, range(9, 17))],

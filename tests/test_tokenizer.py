@@ -175,6 +175,7 @@ def test_bits_per_byte_counts_the_scored_targets_own_bytes():
     assert make_record({}, {}, "ok", nll, average)["bpb"] != pytest.approx(bpb)
 
 
+@pytest.mark.slow
 def test_the_model_vocabulary_follows_the_tokenizer(tiny_config, tmp_path):
     path = corpus_file(tmp_path / "text")
     settings = [f"data.path={path}", "data.split=bytes", "data.tokenizer=bpe"]
@@ -190,6 +191,7 @@ def test_the_model_vocabulary_follows_the_tokenizer(tiny_config, tmp_path):
     assert plan(tiny_config()).build_model().cfg.vocab_size == 256  # bytes as before
 
 
+@pytest.mark.slow
 def test_byte_run_ids_ignore_the_tokenizer_keys(tiny_config):
     """Byte runs keep the run ids they had before ``data.tokenizer`` existed; other
     tokenizers and BPE sizes are other runs."""
@@ -216,6 +218,7 @@ def mixed_records(root: Path) -> None:
             write_jsonl(root / name / "records.jsonl", rows)
 
 
+@pytest.mark.slow
 def test_a_report_refuses_to_mix_tokenizers_per_token(tmp_path):
     mixed_records(tmp_path)
     with pytest.raises(UserError, match=r"records mix tokenizers \(bpe \(4,096 ids, sha abab"):

@@ -66,6 +66,7 @@ def test_toy_run_writes_rates_ratios_memory_and_provenance(bench, tmp_path, caps
     )
 
 
+@pytest.mark.slow
 def test_live_tensors_count_what_a_call_keeps_alive_at_once(bench):
     with bench.LiveTensors() as tracker:
         a = torch.zeros(1000)  # 4000 bytes

@@ -143,6 +143,7 @@ def test_the_probe_computes_in_float64():
         assert torch.ones(2).to("cpu", torch.float32).dtype == torch.float64
 
 
+@pytest.mark.slow
 def test_every_built_in_scheme_has_a_key():
     built_in = {n: c for n, c in registered().items() if c.__module__.startswith("pe_bench.")}
     keys = {name: class_key(cls) for name, cls in built_in.items()}

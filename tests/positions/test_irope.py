@@ -92,6 +92,7 @@ def hf_and_ours(config, layer: int, scheme: IRoPE, s: int):
     return expected, got
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layer", [0, 3])
 def test_irope_layers_equal_hf_llama4_attention(layer):
     """Layer 0 (RoPE, attention within chunks of 8) and layer 3 (NoPE, queries times the

@@ -76,6 +76,7 @@ def test_dape_query_slices_equal_one_pass(dims, monkeypatch):
     assert torch.allclose(attention_logits(dape, q, k, pos, pos), whole, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_dape_is_finite_and_relative_far_past_training(dims):
     dape = build_scheme({"name": "dape_kerple"}, dims)
     q, k, pos = torch.randn(1, 4, 512, 8), torch.randn(1, 4, 512, 8), torch.arange(512)

@@ -131,6 +131,7 @@ def test_leaky_rerope_k_null_without_a_length_or_with_a_wide_window_is_refused()
     assert build_scheme({"name": "leaky_rerope", "k": None, "max_len": 40}, ZOO).k == 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "longest"),
     [(["experiment=zoo"], 1024), (["experiment=zoo", "eval.lengths=[64,300]"], 300)],
@@ -146,6 +147,7 @@ def test_leaky_rerope_config_picks_k_for_the_runs_longest_eval_length(overrides,
     leaky.check_length(longest)
 
 
+@pytest.mark.slow
 def test_longest_eval_len_of_a_pretrained_model_is_its_context_times_the_factors_or_unknown():
     """model=hf: the training length is the model's context, model.train_len; left null it
     is read from the model's own config, which the Hydra config does not hold, so k: null

@@ -212,6 +212,7 @@ def small_cost(timer, scheme, options=None, plugin=None):
         ("cope", "mask"),
         ("dape_alibi", "explicit"),
         ("ssmax_alibi", "mask"),
+        ("irope", "mask"),  # its attention_mask hides keys: float masks, no fused path
     ],
 )
 def test_attention_path_names_the_path_the_model_takes(name, path):

@@ -96,7 +96,7 @@ def test_console_script_fails_a_broken_plugin():
     assert "FAIL relative: declares relative = True" in proc.stdout
     assert "PASS causality" in proc.stdout
     assert "FAIL score_mod: score_mod and score_bias differ" in proc.stdout  # its consequence
-    assert "broken_fake_relative: 2 of 14 checks failed" in proc.stdout
+    assert "broken_fake_relative: 2 of 15 checks failed" in proc.stdout
 
 
 def test_main_parses_options_and_exits_by_outcome(capsys):

@@ -42,6 +42,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 from pe_bench.conformance.cost import attention_path, eval_pass, timed, train_step
+from pe_bench.errors import UserError
 from pe_bench.model.gpt import GPT, ModelConfig, build_model
 from pe_bench.records import atomic_write_text, provenance
 
@@ -138,15 +139,31 @@ def build(labels: dict[str, dict], model_cfg: dict, args: argparse.Namespace) ->
     }
 
 
+def refusals(models: dict[str, GPT], lengths: list[int]) -> dict[tuple[str, str], str]:
+    """(label, ``eval<L>``) -> why the scheme's config refuses that length, as a run would
+    (``check_length``: a table of positions, randomized positions' range, leaky ReRoPE's k)."""
+    refused = {}
+    for label, model in models.items():
+        for length in lengths:
+            try:
+                model.pe.check_length(length)
+            except UserError as error:
+                refused[(label, f"eval{length}")] = str(error)
+    return refused
+
+
 def steps_of(models: dict[str, GPT], args: argparse.Namespace) -> dict[tuple[str, str], Callable]:
-    """(label, what) -> the call to time: ``train`` (trained schemes only), ``eval<L>``."""
+    """(label, what) -> the call to time: ``train`` (trained schemes only), ``eval<L>`` (the
+    lengths its config serves)."""
     steps = {}
+    refused = refusals(models, args.eval_lengths)
     for label, model in models.items():
         if model.pe.variant_of is None:
             steps[(label, "train")] = train_step(model, args.batch, args.train_len, args.device)
         for length in args.eval_lengths:
-            batch = max(1, args.eval_tokens // length)
-            steps[(label, f"eval{length}")] = eval_pass(model, batch, length, args.device)
+            if (label, f"eval{length}") not in refused:
+                batch = max(1, args.eval_tokens // length)
+                steps[(label, f"eval{length}")] = eval_pass(model, batch, length, args.device)
     return steps
 
 
@@ -222,8 +239,9 @@ COLUMNS = {  # markdown column -> (row key, format)
 }
 
 
-def markdown(rows: list[dict]) -> str:
-    """The rows as a markdown table (a missing value: an eval-time variant's training)."""
+def markdown(rows: list[dict], refused: dict[tuple[str, str], str]) -> str:
+    """The rows as a markdown table (a missing value: an eval-time variant's training, or a
+    length the scheme's config refuses, said below the table)."""
     head = ["label", "path", *COLUMNS]
     lines = [
         "| " + " | ".join(head) + " |",
@@ -234,6 +252,11 @@ def markdown(rows: list[dict]) -> str:
         for key, fmt in COLUMNS.values():
             cells.append(fmt.format(row[key]) if key in row and pd.notna(row[key]) else "")
         lines.append("| " + " | ".join(cells) + " |")
+    if refused:
+        lines += ["", "Not evaluated: lengths the zoo's config of the scheme refuses.", ""]
+        lines += [
+            f"- {label} at {what[4:]} tokens: {why}" for (label, what), why in refused.items()
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -270,6 +293,11 @@ def main(argv: list[str] | None = None) -> None:
     best = side_by_side(steps, args)
     peak = max(peak, matmul_peak(args.device, args.repeats))  # the best seen, before and after
     rows = rows_of(models, steps, best, peak, args)
+    refused = refusals(models, args.eval_lengths)
+    for row in rows:  # the CSV says why a length is missing
+        for (label, what), why in refused.items():
+            if label == row["label"]:
+                row[f"{what}_refused"] = why
     setup = {**machine(args.device), "peak_gflop_s": peak, "train_len": args.train_len}
     setup |= {"batch": args.batch, "eval_tokens": args.eval_tokens, "repeats": args.repeats}
     name = f"schemes_{args.device.type}"
@@ -283,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
         f"({setup['cpu_capability']}), {setup['threads']} thread(s), matmul peak "
         f"{peak:.0f} GFLOP/s; model {model_cfg['d_model']} x {model_cfg['num_layers']} layers\n\n"
     )
-    table = caption + markdown(rows)
+    table = caption + markdown(rows, refused)
     atomic_write_text(args.out / f"{name}.md", table)
     print(table)
 

@@ -97,7 +97,7 @@ def test_console_script_fails_a_broken_plugin():
     assert "FAIL relative: declares relative = True" in proc.stdout
     assert "PASS causality" in proc.stdout
     assert "FAIL score_mod: score_mod and score_bias differ" in proc.stdout  # its consequence
-    assert "broken_fake_relative: 2 of 14 checks failed" in proc.stdout
+    assert "broken_fake_relative: 2 of 15 checks failed" in proc.stdout
 
 
 def test_main_parses_options_and_exits_by_outcome(capsys):
@@ -214,6 +214,7 @@ def small_cost(timer, scheme, options=None, plugin=None):
         ("cope", "mask"),
         ("dape_alibi", "explicit"),
         ("ssmax_alibi", "mask"),
+        ("irope", "mask"),  # its attention_mask hides keys: float masks, no fused path
     ],
 )
 def test_attention_path_names_the_path_the_model_takes(name, path):

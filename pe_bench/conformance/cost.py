@@ -27,7 +27,8 @@ PATHS = {
     "key_bias": "a term of the key alone (key_bias): fused causal SDPA, no mask",
     "distance": "a relative bias by distance (bias_by_distance): masks copied from its table",
     "mask": (
-        "a float mask by query chunks (score_bias): a term of the key alone can use key_bias "
+        "a float mask by query chunks (score_bias, or keys hidden by attention_mask, which "
+        "no fused path takes): a term of the key alone can use key_bias "
         "(fused SDPA, no mask); a content-free relative bias gets its masks from a table by "
         "distance and a FlexAttention score_mod by itself (declare relative = True)"
     ),
@@ -44,6 +45,8 @@ def attention_path(pe: PositionScheme) -> str:
     ``model.attention=sdpa`` (FlexAttention aside), as ``attend`` decides it."""
     if pe.has_logits_hook:
         return "explicit"
+    if pe.has_attention_mask:  # hidden keys: -inf in float masks, whatever else it has
+        return "mask"
     if pe.has_key_bias:
         return "key_bias"
     if not pe.has_score_bias:

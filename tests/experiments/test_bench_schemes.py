@@ -23,10 +23,12 @@ def bench():
     sys.modules.pop("bench_throughput", None)
 
 
-@pytest.mark.slow  # 14 s: hydra composes the zoo's 27 configs
+@pytest.mark.slow  # 14 s: hydra composes the zoo's 28 configs
 def test_the_labels_are_the_zoo_s(bench):
     labels, model = bench.zoo_labels()
-    assert len(labels) == 38 and list(labels)[:2] == ["nope", "sinusoidal"]
+    trained = [label for label in labels if "+" not in label]
+    assert len(trained) == 28 and len(labels) == 39 and trained[:2] == ["nope", "sinusoidal"]
+    assert "irope" in trained and "stickbreaking" in trained
     assert labels["rope+rerope"]["name"] == "rerope" and labels["fire"]["name"] == "fire"
     assert (model["d_model"], model["num_layers"], model["num_heads"]) == (128, 4, 4)
 
@@ -76,3 +78,29 @@ def test_live_tensors_count_what_a_call_keeps_alive_at_once(bench):
         d = torch.zeros(250)  # 1000 after a was freed: 3000 live
     assert tracker.peak == 6000 and tracker.live == 3000
     del b, c, d
+
+
+def test_a_length_the_scheme_refuses_is_left_out_and_said(bench):
+    """randomized RoPE draws positions from [0, 32 x L_train): a longer window is refused as a
+    run refuses it (it crashed the benchmark in apply_rotary), and the table says why."""
+    from argparse import Namespace
+
+    from pe_bench.model.gpt import ModelConfig, build_model
+
+    cfg = ModelConfig(d_model=16, num_layers=1, num_heads=2, mlp_ratio=1)
+    models = {
+        name: build_model(cfg, {"name": name}, 8, seed=0) for name in ("rope", "randomized_rope")
+    }
+    args = Namespace(
+        train_len=8, batch=2, eval_lengths=[16, 512], eval_tokens=512, device=torch.device("cpu")
+    )
+    steps = bench.steps_of(models, args)
+    assert ("randomized_rope", "eval16") in steps and ("rope", "eval512") in steps
+    assert ("randomized_rope", "eval512") not in steps
+    refused = bench.refusals(models, args.eval_lengths)
+    assert list(refused) == [("randomized_rope", "eval512")]
+    text = bench.markdown([{"label": "randomized_rope", "path": "causal"}], refused)
+    assert (
+        "- randomized_rope at 512 tokens: scheme 'randomized_rope' cannot serve length 512: "
+        "it has 256 positions (raise pe.max_len)" in text
+    )

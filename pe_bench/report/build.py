@@ -109,7 +109,7 @@ def build_report(
     stats = {metric: aggregate.seed_stats(df, metric) for metric in metrics}
     if published is not None:
         ppl = stats["ppl"]
-        if df.get("pretrained", pd.Series(dtype=bool)).fillna(False).all():
+        if "pretrained" in df and df["pretrained"].fillna(False).all():
             ppl = compare.as_rope(ppl, str(df["scheme"].iloc[0]))  # model=hf: rope, rope+yarn
         report.comparison = compare.compare(ppl, training_length(df), published)
     ratio = aggregate.ratio_table(stats[options.metric], options.baseline)

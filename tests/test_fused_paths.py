@@ -132,6 +132,7 @@ def test_key_biased_path_stays_fp32_under_bf16_autocast():
     assert torch.allclose(got.float(), expected, atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
 def test_key_score_mod_equals_the_key_biased_path():
     """model.attention=flex: the key term as a FlexAttention score_mod (eager here)."""

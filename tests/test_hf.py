@@ -319,6 +319,7 @@ def first_integer(text):
 '''
 
 
+@pytest.mark.slow
 def test_the_pretrained_key_covers_the_code_that_makes_the_numbers_not_its_docstrings(
     tmp_path, monkeypatch
 ):

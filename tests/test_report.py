@@ -421,6 +421,7 @@ def test_another_run_in_a_job_folder_is_refused(tmp_path, capsys):
     assert f"{path} holds records of 2 trained runs (rope-0, rope-1)" in err
 
 
+@pytest.mark.slow
 def test_fine_tunes_share_their_models_folder(tmp_path):
     """A fine-tune's run id is ``<run_id>:<key>-<hash>``: its records live beside its model's."""
     write_runs(tmp_path, three_seeds())

@@ -277,6 +277,7 @@ def test_a_kill_in_the_second_finetunes_evaluation_keeps_the_first_ones_curve(
     assert len(read_jsonl(tmp_path / "positions.jsonl")) == len(records) == 15
 
 
+@pytest.mark.slow
 def test_a_diverged_finetune_is_recorded_and_the_rest_goes_on(tmp_path, tiny_config):
     overrides = ["finetunes.ft.lr=1e9", "finetunes.ft.steps=20"]
     rows = cli.run(tiny_config(*FINETUNED, *overrides), tmp_path)

@@ -80,6 +80,7 @@ def test_live_tensors_count_what_a_call_keeps_alive_at_once(bench):
     del b, c, d
 
 
+@pytest.mark.slow
 def test_a_length_the_scheme_refuses_is_left_out_and_said(bench):
     """randomized RoPE draws positions from [0, 32 x L_train): a longer window is refused as a
     run refuses it (it crashed the benchmark in apply_rotary), and the table says why."""

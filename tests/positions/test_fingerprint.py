@@ -111,6 +111,7 @@ def test_an_edited_helper_module_changes_the_key_and_its_docstring_does_not(path
     assert class_key(edited) != class_key(reworded)
 
 
+@pytest.mark.slow
 def test_an_option_that_changes_the_numbers_changes_the_key_and_their_order_does_not():
     yarn = {"name": "yarn", "base": 10000.0, "factor": 2.0, "beta_fast": 32.0, "beta_slow": 1.0}
     reordered = dict(reversed(list(yarn.items())))

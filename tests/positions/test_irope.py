@@ -104,6 +104,7 @@ def test_irope_layers_equal_hf_llama4_attention(layer):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_without_the_chunks_and_the_temperature_hf_and_irope_differ():
     """The pin above has teeth: the plain hybrid (global RoPE layers, no temperature) is not
     what HF's Llama 4 layer computes."""

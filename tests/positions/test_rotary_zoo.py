@@ -89,6 +89,7 @@ def test_p_rope_frequencies_by_hand():
     assert torch.equal(quarter.frequencies(torch.arange(64)), quarter.inv_freq(64).float())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("head_dim", [8, 32, 64])
 @pytest.mark.parametrize("p", [0.0, 0.25, 0.5, 0.75, 1.0])
 def test_p_rope_equals_hf_proportional(head_dim, p):

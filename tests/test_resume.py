@@ -21,7 +21,7 @@ from pe_bench.run import evaluate
 from pe_bench.run.plan import plan
 from pe_bench.run.train import load_checkpoint, save_checkpoint
 
-from .helpers import TINY, pe_bench
+from .helpers import TINY, overridden, pe_bench
 
 # ~4 s of training on 2 cores, checkpoints every 20 of 400 steps: a kill lands mid-training.
 SLOW = [
@@ -46,7 +46,8 @@ SWEEP = [o if not o.startswith("train.steps=") else "train.steps=60" for o in SW
 
 
 def command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "pe_bench.cli", *args]
+    """The ``pe-bench`` command line; a key given again replaces its earlier value."""
+    return [sys.executable, "-m", "pe_bench.cli", *overridden(*args)]
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

@@ -41,8 +41,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from pe_bench.conformance.cost import attention_path, eval_pass, timed, train_step
+from pe_bench.conformance.cost import eval_pass, timed, train_step
 from pe_bench.errors import UserError
+from pe_bench.model.attention import attention_path
 from pe_bench.model.gpt import GPT, ModelConfig, build_model
 from pe_bench.records import atomic_write_text, provenance
 

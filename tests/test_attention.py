@@ -118,7 +118,7 @@ def test_mask_shared_across_layers_equals_one_per_layer(name, monkeypatch):
     from .helpers import tiny_model
 
     model = tiny_model(name)
-    monkeypatch.setattr(PositionScheme, "bias_by_distance", lambda self, k_pos, layer: None)
+    monkeypatch.setattr(PositionScheme, "tabulated_by_distance", property(lambda s: False))
     x = torch.randint(0, 256, (2, 40))
     with torch.no_grad():
         shared = model(x)

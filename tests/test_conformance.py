@@ -218,7 +218,7 @@ def small_cost(timer, scheme, options=None, plugin=None):
     ],
 )
 def test_attention_path_names_the_path_the_model_takes(name, path):
-    from pe_bench.conformance.cost import attention_path
+    from pe_bench.model.attention import attention_path
     from pe_bench.model.gpt import ModelConfig
     from pe_bench.positions import build_scheme
 

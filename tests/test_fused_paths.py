@@ -51,7 +51,7 @@ def use_old_code(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
         cls, hook, old = MOVED_HOOKS[name]
         monkeypatch.setattr(cls, hook, old)
     elif MOVED_PATHS[name] == "bias_by_distance":
-        monkeypatch.setattr(PositionScheme, "bias_by_distance", lambda self, k_pos, layer: None)
+        monkeypatch.setattr(PositionScheme, "tabulated_by_distance", property(lambda s: False))
     else:
         monkeypatch.setattr(ForgetGate, "key_bias", PositionScheme.key_bias)
 

@@ -9,9 +9,11 @@ import torch
 import torch.nn.functional as F
 
 from pe_bench.errors import UserError
+from pe_bench.model import gpt
+from pe_bench.model.attention import attention_path
 from pe_bench.model.gpt import ModelConfig
 
-from .helpers import TRAINABLE, VARIANTS, tiny_model, with_variant
+from .helpers import FAST_LANE, TRAINABLE, VARIANTS, tiny_model, with_variant
 
 ALL = [(name, tiny_model) for name in TRAINABLE] + [(name, with_variant) for name in VARIANTS]
 
@@ -39,6 +41,34 @@ def test_every_scheme_runs_at_four_times_training_length(name, make):
         logits = model(torch.randint(0, 256, (1, 64)))
     assert logits.shape == (1, 64, 256)
     assert torch.isfinite(logits).all()
+
+
+# The function ``attend`` calls on each path ``attention_path`` names.
+PATH_FUNCTIONS = {
+    "explicit": "explicit_attention",
+    "mask": "biased_attention",
+    "key_bias": "key_biased_attention",
+    "causal": "causal_attention",
+    "distance": "distance_attention",
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "make"),
+    [pytest.param(n, m, marks=[] if n in FAST_LANE else [pytest.mark.slow]) for n, m in ALL],
+    ids=[n for n, _ in ALL],
+)
+def test_the_model_attends_on_the_path_attention_path_names(name, make, monkeypatch):
+    """One function names the path (the cost report prints it) and the model takes it."""
+    model = make(name)
+    taken = []
+    for path, function in PATH_FUNCTIONS.items():
+        real = getattr(gpt, function)
+        spy = lambda *a, _path=path, _real=real, **k: taken.append(_path) or _real(*a, **k)  # noqa: E731
+        monkeypatch.setattr(gpt, function, spy)
+    with torch.no_grad():
+        model(torch.randint(0, 256, (1, 48)))  # 3x the training length: variants are active
+    assert set(taken) == {attention_path(model.pe)}
 
 
 def test_trunk_initialisation_is_the_same_for_every_scheme():

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from pe_bench.model.attention import attention_path
 from pe_bench.model.gpt import GPT, ModelConfig, model_with_scheme, seeded_scheme
 from pe_bench.positions import ModelDims, PositionScheme, build_scheme
 
-# The attention paths of ``model.gpt.CausalSelfAttention.attend``, the most fused first: what
+# The attention paths ``model.attention.attention_path`` names, the most fused first: what
 # each costs and which hook would move a scheme to a faster one.
 PATHS = {
     "causal": "fused causal SDPA: no logit term, the fastest path",
@@ -38,21 +39,6 @@ PATHS = {
         "in logit_scale"
     ),
 }
-
-
-def attention_path(pe: PositionScheme) -> str:
-    """The name (a key of ``PATHS``) of the path the model takes for ``pe`` under
-    ``model.attention=sdpa`` (FlexAttention aside), as ``attend`` decides it."""
-    if pe.has_logits_hook:
-        return "explicit"
-    if pe.has_attention_mask:  # hidden keys: -inf in float masks, whatever else it has
-        return "mask"
-    if pe.has_key_bias:
-        return "key_bias"
-    if not pe.has_score_bias:
-        return "causal"
-    probe = torch.arange(2)
-    return "distance" if pe.bias_by_distance(probe, 0) is not None else "mask"
 
 
 def timed(step: Callable[[], object], device: torch.device, iters: int = 1) -> float:

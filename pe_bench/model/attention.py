@@ -35,6 +35,23 @@ from pe_bench.errors import UserError
 from pe_bench.positions.base import PositionScheme, ScoreMod
 
 
+def attention_path(pe: PositionScheme) -> str:
+    """The path ``model.gpt.CausalSelfAttention.attend`` takes for ``pe``, decided by the
+    scheme's hooks alone, the most fused first (FlexAttention, where ``model.attention``
+    turns it on, replaces the ``distance`` and ``mask`` paths of a scheme with a ``score_mod``
+    and no ``attention_mask``): ``explicit``, ``mask``, ``key_bias``, ``causal``,
+    ``distance``."""
+    if pe.has_logits_hook:  # the scheme rewrites logits or weights: written out
+        return "explicit"
+    if pe.has_attention_mask:  # keys hidden by -inf in float masks, whatever else it has
+        return "mask"
+    if pe.has_key_bias:  # a term of the key alone: fused SDPA, no mask
+        return "key_bias"
+    if not pe.has_score_bias:  # fused causal SDPA
+        return "causal"
+    return "distance" if pe.tabulated_by_distance else "mask"
+
+
 def causal_allowed(s_q: int, s_k: int, device: torch.device) -> Tensor:
     """``[s_q, s_k]`` bool, True where the query may attend the key."""
     q_idx = torch.arange(s_k - s_q, s_k, device=device).unsqueeze(-1)

@@ -29,6 +29,7 @@ from pe_bench.config import Range, check_fields
 from pe_bench.errors import UserError
 from pe_bench.model.attention import (
     ATTENTION,
+    attention_path,
     biased_attention,
     causal_attention,
     distance_attention,
@@ -116,25 +117,26 @@ class CausalSelfAttention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(b, s, d))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: ForwardContext) -> Tensor:
-        """The attention path the scheme's hooks allow, the most fused first."""
+        """Attention on the path the scheme's hooks allow (``attention_path``)."""
         pe, pos = ctx.pe, ctx.pos
-        if pe.has_logits_hook:  # the scheme rewrites logits or weights: written out
+        path = attention_path(pe)
+        if path == "explicit":
             return explicit_attention(q, k, v, pos, pe, self.layer)
-        if pe.has_attention_mask:  # keys hidden by -inf in float masks, by query chunks
-            bias_fn = partial(masked_logit_bias, pe, layer=self.layer)
-            return biased_attention(q, k, v, pos, bias_fn, ctx.bias_cache)
-        if pe.has_key_bias:  # a term of the key alone: no mask at all
+        if path == "key_bias":
             return self.key_biased(q, k, v, ctx)
-        if not pe.has_score_bias:  # fused causal SDPA
+        if path == "causal":
             return causal_attention(q, k, v)
-        score_mod = pe.score_mod(pos, pos, self.layer) if ctx.flex else None
-        if score_mod is not None:  # the scheme's term inside FlexAttention
-            return flex_attention(q, k, v, score_mod)
-        by_distance = pe.bias_by_distance(pos, self.layer)
-        if by_distance is not None:  # masks copied from the term's table by distance
-            return distance_attention(q, k, v, by_distance)
-        # the scheme's term in float masks, by query chunks
-        bias_fn = partial(pe.logit_bias, layer=self.layer)
+        if ctx.flex and not pe.has_attention_mask:
+            score_mod = pe.score_mod(pos, pos, self.layer)
+            if score_mod is not None:  # the scheme's term inside FlexAttention
+                return flex_attention(q, k, v, score_mod)
+        if path == "distance":  # masks copied from the term's table by distance
+            return distance_attention(q, k, v, pe.bias_by_distance(pos, self.layer))
+        # the term (or the hidden keys' -inf) in float masks, by query chunks
+        if pe.has_attention_mask:
+            bias_fn = partial(masked_logit_bias, pe, layer=self.layer)
+        else:
+            bias_fn = partial(pe.logit_bias, layer=self.layer)
         return biased_attention(q, k, v, pos, bias_fn, ctx.bias_cache)
 
     def key_biased(self, q: Tensor, k: Tensor, v: Tensor, ctx: ForwardContext) -> Tensor:

@@ -249,6 +249,15 @@ class PositionScheme(nn.Module):
         this term constant along every query's row."""
         return None
 
+    @property
+    def tabulated_by_distance(self) -> bool:
+        """True when the logit term is a content-free function of the distance i - j alone,
+        so that ``bias_by_distance`` tabulates it (not content-dependent, not scaled,
+        ``relative``)."""
+        return (
+            self.has_score_bias and self.relative and not self.content_bias and not self.scales_bias
+        )
+
     def bias_by_distance(self, k_pos: Tensor, layer: int) -> Tensor | None:
         """A content-free relative bias tabulated by distance, ``[n_h, s_k]`` in float32
         (entry n: the term at i - j = n, n = 0 .. s_k - 1), from one row of ``score_bias``;
@@ -257,7 +266,7 @@ class PositionScheme(nn.Module):
         ``positions`` gives them), so the table is sized from shapes, without reading a position
         back to the host. The model builds each query chunk's mask from it with one strided
         copy (``attention.distance_attention``), and ``score_mod`` reads it."""
-        if self.content_bias or self.scales_bias or not self.relative or not self.has_score_bias:
+        if not self.tabulated_by_distance:
             return None
         keys = torch.arange(k_pos.shape[-1], device=k_pos.device)  # distances s_k - 1 .. 0
         row = self.score_bias(None, None, keys[-1:], keys, layer)  # [n_h, 1, s_k]

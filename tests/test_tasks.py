@@ -480,6 +480,29 @@ def test_the_comparison_shows_both_tie_rules_and_what_the_paper_averages_over(tm
     assert "greedy decoding to EOS" in text
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("task", "says_eos"), [("assoc_recall", False), ("reverse", True)])
+def test_the_eos_sentence_is_in_reports_of_tasks_whose_answers_end_with_eos(
+    tmp_path, task, says_eos
+):
+    rows = [
+        record(
+            r["scheme"],
+            r["seed"],
+            r["eval_len"],
+            0.0,
+            mode="task",
+            corpus=f"task:{task}",
+            **{k: r[k] for k in ("task", "exact_match", "token_acc")},
+        )
+        for r in ranking_rows(task, {"rope": (0.0, 0.4), "alibi": (0.5, 0.9)})
+    ]
+    write_runs(tmp_path, rows)
+    text = build_report(tmp_path, echo=False).path.read_text()
+    assert ("greedy decoding to EOS" in text) is says_eos
+    assert "predicted right given the right prefix" in text
+
+
 def test_flip_flops_headline_is_token_accuracy_in_the_report(tmp_path):
     flip = {"mode": "task", "task": "flip_flop", "corpus": "task:flip_flop"}
     write_runs(

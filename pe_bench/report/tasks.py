@@ -50,16 +50,21 @@ MEANING = (
     "training length, with the loss on answer tokens only; it is scored on fixed evaluation "
     "instances (drawn from seeds no training run uses, the same for every scheme and seed) "
     "at each length. **Exact match** is the fraction of instances whose every answer token "
-    "is the model's top prediction given the right answer so far; copy's, reverse's and "
-    "addition's answers end with an end-of-sequence token that is scored too, so exact match "
-    "equals exact match of greedy decoding to EOS (as McGill-NLP/length-generalization scores "
-    "Kazemnejad et al.'s tasks): an answer that stops early or runs on fails. **Token "
+    "is the model's top prediction given the right answer so far{eos}. **Token "
     "accuracy** is the fraction of answer tokens predicted right given the right prefix. "
     "Each task's headline metric is the one its paper reports: exact match, and token "
     "accuracy for flip-flop (the share of reads right) and associative recall (of queries). "
     "Cells are means over seeds with a 95% t-interval (clipped to [0, 1])."
 )
 
+# Said only of reports with a task whose answer ends with EOS.
+EOS = (
+    "; copy's, reverse's and "
+    "addition's answers end with an end-of-sequence token that is scored too, so exact match "
+    "equals exact match of greedy decoding to EOS (as McGill-NLP/length-generalization scores "
+    "Kazemnejad et al.'s tasks): an answer that stops early or runs on fails"
+)
+EOS_TASKS = ("copy", "reverse", "addition")
 
 CHANCE = {
     "flip_flop": " Chance is not 0: flip-flop's bits are right half the time by guessing.",
@@ -214,7 +219,8 @@ def task_markdown(root: Path, out: Path, df: pd.DataFrame, report: Report, tasks
         f"{shared_count(df, 'tokens')} instances at each input length (in tokens; "
         f"{'; '.join(grids)})."
     )
-    meaning = MEANING + "".join(CHANCE[t] for t in tasks if t in CHANCE)
+    eos = EOS if any(t in EOS_TASKS for t in tasks) else ""
+    meaning = MEANING.format(eos=eos) + "".join(CHANCE[t] for t in tasks if t in CHANCE)
     lines = [f"# Synthetic task report: {root.resolve().name}", "", summary, "", meaning, ""]
     tied = [
         t

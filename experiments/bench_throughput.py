@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-import time
 from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
@@ -32,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pe_bench.conformance.cost import timed as timed_window
 from pe_bench.model.gpt import ModelConfig, build_model
 from pe_bench.records import atomic_write_text, provenance
 from pe_bench.run.train import autocast
@@ -59,17 +59,7 @@ def matmul_peak(device: torch.device, repeats: int) -> float:
 def timed(step: Callable[[], object], device: torch.device, repeats: int, iters: int) -> float:
     """Seconds per call of ``step``: the best of ``repeats`` windows of ``iters`` calls."""
     step()  # warm-up (allocations, first-call kernels)
-    best = float("inf")
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(iters):
-            step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - start) / iters)
-    return best
+    return min(timed_window(step, device, iters) for _ in range(repeats))
 
 
 # Self-time op categories of a training-step profile (the first match wins); the optimizer is

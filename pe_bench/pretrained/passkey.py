@@ -251,11 +251,21 @@ def run(
         start = time.perf_counter()
         answers, impl = [], "none"
         try:
-            for prompt in prompts[length]:
+            for n, prompt in enumerate(prompts[length], 1):
                 with rope_variant(model, variant, spec, len(prompt.ids), rope_impl) as impl:
                     answers.append(
                         first_integer(greedy(model, prompt.ids, cfg.max_new_tokens, decode))
                     )
+                log.info(  # a trial of a long prompt takes minutes on a CPU
+                    "%s passkey L=%d trial %d/%d: answer %s, key %d (%.0f s so far)",
+                    label,
+                    length,
+                    n,
+                    len(prompts[length]),
+                    answers[-1],
+                    prompt.key,
+                    time.perf_counter() - start,
+                )
         except OUT_OF_MEMORY as err:
             if not is_out_of_memory(err):
                 raise

@@ -251,6 +251,18 @@ def test_empty_folder_is_one_line_error(tmp_path, capsys):
     assert err.startswith("pe-bench-report: error: no records under") and err.count("\n") == 1
 
 
+def test_a_run_stopped_during_its_passkey_test_is_one_line(tmp_path, capsys):
+    """A pretrained run writes its passkey records first; stopped then, the folder has no
+    perplexity record, and the report was an IndexError."""
+    passkey = {"mode": "passkey", "status": "ok", "correct": [1, 0], "depth": [0.25, 0.75]}
+    write_runs(tmp_path, [record("smol", 0, 4096, 0.0, **passkey)])
+    with pytest.raises(SystemExit) as exit_info:
+        report_main([str(tmp_path)])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.count("\n") == 1, err
+    assert "no perplexity records under" in err and "only 1 of passkey" in err
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [  # issue 29, items 7 and 9: two tracebacks and argparse's usage over six lines

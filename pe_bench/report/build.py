@@ -99,6 +99,12 @@ def build_report(
     published = compare.load_published(options.compare) if options.compare else None
     # probe and passkey records: their own sections
     perplexity = checked[~checked["mode"].isin([*PROBES, PASSKEY_MODE])]
+    if perplexity.empty:  # every run owes perplexity: this one stopped before it
+        kinds = ", ".join(sorted(checked["mode"].unique()))
+        raise UserError(
+            f"no perplexity records under {root} yet, only {len(checked)} of {kinds}: a run "
+            "stopped before its perplexity; run its command again (it resumes), then report"
+        )
     df = aggregate.prepare(perplexity, options.mode, options.schemes)
     options = options.resolve(df)
     report = Report(out / "report.md", options, skipped=aggregate.skipped_evaluations(df))

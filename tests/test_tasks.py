@@ -60,6 +60,14 @@ def test_instances_fit_their_length_start_with_bos_and_have_an_answer(name, leng
     assert all(0 <= t < 256 for t in inst.inputs + inst.answers)
 
 
+@pytest.mark.parametrize("name", list(TASKS))
+def test_a_task_says_whether_its_answer_ends_with_eos(name):
+    """``ends_with_eos`` decides whether a report explains scoring EOS: it must be the data's."""
+    task = TASKS[name]()
+    assert (draw(task, 40).answers[-1] == EOS) is task.ends_with_eos
+    assert task.ends_with_eos is (name in ("copy", "reverse", "addition"))
+
+
 @pytest.mark.parametrize("length", LENGTHS)
 def test_copy_and_reverse_answer_the_string_then_eos(length):
     copy, rev = draw(Copy(), length), draw(Reverse(), length)
@@ -409,6 +417,22 @@ def ranking_rows(task: str, scores: dict[str, tuple[float, float]], seed: int = 
     ]
 
 
+def ranking_records(task: str, scores: dict[str, tuple[float, float]]) -> list[dict]:
+    """``ranking_rows`` as full records of task runs, for a report."""
+    return [
+        record(
+            r["scheme"],
+            r["seed"],
+            r["eval_len"],
+            0.0,
+            mode="task",
+            corpus=f"task:{task}",
+            **{k: r[k] for k in ("task", "exact_match", "token_acc")},
+        )
+        for r in ranking_rows(task, scores)
+    ]
+
+
 def test_reciprocal_ranks_rank_each_task_by_its_headline_metric():
     """Flip-flop's exact match compounds per-read errors: every scheme 0 at 2x; the share of
     reads right still orders them, and it is flip-flop's headline."""
@@ -453,19 +477,7 @@ def test_the_comparison_shows_both_tie_rules_and_what_the_paper_averages_over(tm
 
     scores = {"nope": (0.0, 0.2), "t5": (0.0, 0.4), "alibi": (0.1, 0.5), "rope": (0.0, 0.3)}
     scores["sinusoidal"] = (0.0, 0.1)
-    rows = [
-        record(
-            r["scheme"],
-            r["seed"],
-            r["eval_len"],
-            0.0,
-            mode="task",
-            corpus="task:copy",
-            **{k: r[k] for k in ("task", "exact_match", "token_acc")},
-        )
-        for r in ranking_rows("copy", scores)
-    ]
-    write_runs(tmp_path, rows)
+    write_runs(tmp_path, ranking_records("copy", scores))
     report = build_report(
         tmp_path, options=Options(compare="published/kazemnejad_paper"), echo=False
     )
@@ -485,19 +497,7 @@ def test_the_comparison_shows_both_tie_rules_and_what_the_paper_averages_over(tm
 def test_the_eos_sentence_is_in_reports_of_tasks_whose_answers_end_with_eos(
     tmp_path, task, says_eos
 ):
-    rows = [
-        record(
-            r["scheme"],
-            r["seed"],
-            r["eval_len"],
-            0.0,
-            mode="task",
-            corpus=f"task:{task}",
-            **{k: r[k] for k in ("task", "exact_match", "token_acc")},
-        )
-        for r in ranking_rows(task, {"rope": (0.0, 0.4), "alibi": (0.5, 0.9)})
-    ]
-    write_runs(tmp_path, rows)
+    write_runs(tmp_path, ranking_records(task, {"rope": (0.0, 0.4), "alibi": (0.5, 0.9)}))
     text = build_report(tmp_path, echo=False).path.read_text()
     assert ("greedy decoding to EOS" in text) is says_eos
     assert "predicted right given the right prefix" in text

@@ -92,11 +92,13 @@ class Instance:
 class Task(ABC):
     """A task: ``make(length, g)`` is the largest instance whose input has at most ``length``
     tokens (exactly ``length`` where the task's shape allows), drawn from ``g``. ``headline``
-    is the metric its paper reports and the report ranks it by."""
+    is the metric its paper reports and the report ranks it by; ``ends_with_eos``: the
+    answer ends with a scored ``EOS``."""
 
     name: ClassVar[str]
     min_length: int  # the shortest input an instance can have (an option may set it)
     headline: ClassVar[str] = "exact_match"
+    ends_with_eos: ClassVar[bool] = False
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> Task:
@@ -132,6 +134,7 @@ class Copy(Task):
     """
 
     name, min_length = "copy", 4
+    ends_with_eos = True  # reverse inherits it
 
     def __init__(self, *, alphabet: int = 64) -> None:
         self.alphabet = alphabet
@@ -272,6 +275,7 @@ class Addition(Task):
     """
 
     name, min_length = "addition", 7
+    ends_with_eos = True
     SHORTEST = 4  # McGill's train_min: the shorter operand's fewest digits (m permitting)
 
     def make(self, length: int, g: torch.Generator) -> Instance:

@@ -126,17 +126,16 @@ class CausalSelfAttention(nn.Module):
             return self.key_biased(q, k, v, ctx)
         if path == "causal":
             return causal_attention(q, k, v)
-        if ctx.flex and not pe.has_attention_mask:
-            score_mod = pe.score_mod(pos, pos, self.layer)
-            if score_mod is not None:  # the scheme's term inside FlexAttention
-                return flex_attention(q, k, v, score_mod)
+        if pe.has_attention_mask:  # hidden keys' -inf in float masks: no fused kernel
+            bias_fn = partial(masked_logit_bias, pe, layer=self.layer)
+            return biased_attention(q, k, v, pos, bias_fn, ctx.bias_cache)
+        score_mod = pe.score_mod(pos, pos, self.layer) if ctx.flex else None
+        if score_mod is not None:  # the scheme's term inside FlexAttention
+            return flex_attention(q, k, v, score_mod)
         if path == "distance":  # masks copied from the term's table by distance
             return distance_attention(q, k, v, pe.bias_by_distance(pos, self.layer))
-        # the term (or the hidden keys' -inf) in float masks, by query chunks
-        if pe.has_attention_mask:
-            bias_fn = partial(masked_logit_bias, pe, layer=self.layer)
-        else:
-            bias_fn = partial(pe.logit_bias, layer=self.layer)
+        # the scheme's term in float masks, by query chunks
+        bias_fn = partial(pe.logit_bias, layer=self.layer)
         return biased_attention(q, k, v, pos, bias_fn, ctx.bias_cache)
 
     def key_biased(self, q: Tensor, k: Tensor, v: Tensor, ctx: ForwardContext) -> Tensor:

@@ -57,14 +57,13 @@ MEANING = (
     "Cells are means over seeds with a 95% t-interval (clipped to [0, 1])."
 )
 
-# Said only of reports with a task whose answer ends with EOS.
+# Said only of reports with a task whose answer ends with EOS (``Task.ends_with_eos``).
 EOS = (
     "; copy's, reverse's and "
     "addition's answers end with an end-of-sequence token that is scored too, so exact match "
     "equals exact match of greedy decoding to EOS (as McGill-NLP/length-generalization scores "
     "Kazemnejad et al.'s tasks): an answer that stops early or runs on fails"
 )
-EOS_TASKS = ("copy", "reverse", "addition")
 
 CHANCE = {
     "flip_flop": " Chance is not 0: flip-flop's bits are right half the time by guessing.",
@@ -219,7 +218,7 @@ def task_markdown(root: Path, out: Path, df: pd.DataFrame, report: Report, tasks
         f"{shared_count(df, 'tokens')} instances at each input length (in tokens; "
         f"{'; '.join(grids)})."
     )
-    eos = EOS if any(t in EOS_TASKS for t in tasks) else ""
+    eos = EOS if any(TASKS[t].ends_with_eos for t in tasks if t in TASKS) else ""
     meaning = MEANING.format(eos=eos) + "".join(CHANCE[t] for t in tasks if t in CHANCE)
     lines = [f"# Synthetic task report: {root.resolve().name}", "", summary, "", meaning, ""]
     tied = [

@@ -154,3 +154,17 @@ def test_saved_figures_are_valid_and_byte_stable(tmp_path):
     with Image.open(first) as image:
         image.verify()
         assert image.size[0] > 1000
+
+
+@pytest.mark.parametrize(("n", "labelled"), [(5, 5), (8, 8), (21, 7)])
+def test_a_length_axis_labels_at_most_eight_lengths_from_the_first(n, labelled):
+    """A task's 21 lengths (42 to 82) ran their labels into each other; every length keeps
+    its tick."""
+    from matplotlib.figure import Figure
+
+    lengths = [42 + 2 * i for i in range(n)]
+    ax = Figure().subplots()
+    figures._log2_lengths(ax, lengths)
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert list(ax.get_xticks()) == lengths and len(labels) == n
+    assert labels[0] == "42" and sum(bool(t) for t in labels) == labelled

@@ -105,6 +105,9 @@ def theme() -> Iterator[None]:
         yield
 
 
+LENGTH_LABELS = 8  # the most lengths a panel's x axis labels
+
+
 def save(fig: Figure, folder: Path, name: str) -> Path:
     """Write ``name``.png and ``name``.pdf into ``folder``; returns the PNG's path.
 
@@ -118,9 +121,11 @@ def save(fig: Figure, folder: Path, name: str) -> Path:
 
 
 def _log2_lengths(ax, lengths: list[int]) -> None:
-    """A log2 x axis with a labelled tick at each length."""
+    """A log2 x axis with a tick at each length, labelled at most ``LENGTH_LABELS`` of them
+    from the first on (21 labels of a task's lengths, 42 to 82, ran into each other)."""
     ax.set_xscale("log", base=2)
-    ax.set_xticks(lengths, [str(n) for n in lengths])
+    step = math.ceil(len(lengths) / LENGTH_LABELS)
+    ax.set_xticks(lengths, [str(n) if i % step == 0 else "" for i, n in enumerate(lengths)])
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 

@@ -13,17 +13,23 @@ is reversed. At 4x both order B < A < C. So 5 of 6 pairs agree past 1x: tau = (5
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
 from pe_bench.errors import UserError
 from pe_bench.report import aggregate, compare
+from pe_bench.report.build import build_report
+from pe_bench.report.cli import main as report_main
+from pe_bench.report.inputs import Options
+from pe_bench.report.ranking import ranking_tables
 
-from .helpers import record
+from .helpers import record, write_runs
 
 PAPER = {
     "citation": {
@@ -194,3 +200,148 @@ def test_the_yarn_table_reads_its_row_without_fine_tuning():
     assert values.loc[("rope", 65536), ["value", "bound"]].tolist() == [1000.0, True]
     labels = set(values.index.get_level_values("label").dropna())
     assert labels == {"rope", "rope:yarn"}  # MistralLite and YaRN s = 16: no label
+
+
+# A second hand-made paper, trained at 50, at 1x and 2x: it meets the run at 10 and 20.
+SECOND = {
+    **PAPER,
+    "citation": {
+        **PAPER["citation"],
+        "authors": ["Emmy Noether", "Kurt Goedel"],
+        "table": "Table 2",
+    },
+    "setup": {**PAPER["setup"], "train_len": 50},
+    "lengths": [50, 100],
+    "rows": [
+        {"name": "A2", "label": "a", "values": [5, 9]},
+        {"name": "B2", "label": "b", "values": [5, 6]},
+    ],
+}
+# A third, at 1x and 3x: the run has no length at 3x, so it matches the training length only.
+UNMATCHED = {**SECOND, "lengths": [50, 150]}
+
+
+def write_table(folder: Path, name: str, doc: dict) -> Path:
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def write_run(folder: Path) -> Path:
+    """``RUN``'s records (one seed, trained at 10) in pe-bench's layout under ``folder/run``."""
+    rows = [
+        record(lab, 0, n, math.log(v), train_len=10)
+        for lab, vs in RUN.items()
+        for n, v in zip((10, 20, 40), vs, strict=True)
+    ]
+    write_runs(folder / "run", rows)
+    return folder / "run"
+
+
+def test_two_tables_give_two_sections_and_both_papers_rows(tmp_path):
+    run = write_run(tmp_path)
+    first, second = write_paper(tmp_path), write_table(tmp_path, "second", SECOND)
+    report = build_report(run, options=Options(compare=(str(first), str(second))), echo=False)
+    assert [c.published.name for c in report.comparisons] == ["paper", "second"]
+    text = report.path.read_text()
+    assert text.count("\n## Comparison with ") == 2
+    assert "## Comparison with Lovelace et al. (2024), Table 9" in text
+    assert "## Comparison with Noether and Goedel (2024), Table 2" in text
+    assert text.index("Lovelace et al. (2024), Table 9") < text.index("Noether and Goedel")
+    assert f"--compare {first} --compare {second}" in text  # the command that remakes it
+    compared = pd.read_csv(run / "tables" / "compare.csv")
+    assert compared.columns[0] == "table"
+    assert list(compared.columns[1:]) == list(report.comparisons[0].cells.columns)
+    rows = {table: set(at["paper_name"]) for table, at in compared.groupby("table")}
+    assert rows == {"paper": {"A", "B", "C"}, "second": {"A2", "B2"}}
+    for name in ("paper", "second"):
+        for kind in ("ppl", "ratio", "order"):
+            assert (run / "tables" / f"compare_{name}_{kind}.tex").is_file()
+    assert not (run / "tables" / "compare_ppl.tex").exists()
+
+
+def test_one_compare_writes_what_it_wrote_before(tmp_path, capsys):
+    """One table, from the command line or as a plain name: one section, compare.csv the
+    comparison's cells (no ``table`` column), tables/compare_{ppl,ratio,order}.tex."""
+    run = write_run(tmp_path)
+    paper = write_paper(tmp_path)
+    report_main([str(run), "--compare", str(paper)])
+    assert "Comparison with Lovelace et al. (2024), Table 9:" in capsys.readouterr().out
+    text = (run / "report.md").read_text()
+    assert text.count("\n## Comparison with ") == 1
+    assert f"--compare {paper}" in text and text.count("--compare") == 1
+    compared = pd.read_csv(run / "tables" / "compare.csv")
+    cells = compare.compare(run_stats(RUN), 10, compare.load_published(paper)).cells
+    assert list(compared.columns) == list(cells.columns)
+    assert {f.name for f in (run / "tables").glob("compare*")} == {
+        "compare.csv",
+        "compare_ppl.tex",
+        "compare_ratio.tex",
+        "compare_order.tex",
+    }
+    # a plain name (an experiment's compare: or the old Options) writes the same files
+    names = ("report.md", "tables/compare.csv", "tables/compare_ppl.tex")
+    before = {name: (run / name).read_text() for name in names}
+    build_report(run, options=Options(compare=str(paper)), echo=False)
+    assert {name: (run / name).read_text() for name in names} == before
+
+
+def test_a_table_that_fits_nothing_is_skipped_when_another_fits(tmp_path, caplog):
+    run = write_run(tmp_path)
+    paper, unmatched = write_paper(tmp_path), write_table(tmp_path, "unmatched", UNMATCHED)
+    with caplog.at_level(logging.WARNING, logger="pe_bench.report.compare"):
+        report = build_report(
+            run, options=Options(compare=(str(paper), str(unmatched))), echo=False
+        )
+    assert [c.published.name for c in report.comparisons] == ["paper"]
+    (warning,) = caplog.messages
+    assert warning.startswith("not compared with unmatched: no eval length of the run")
+    assert "table" not in pd.read_csv(run / "tables" / "compare.csv").columns  # one table left
+
+
+def test_a_run_that_fits_no_table_is_refused_in_one_line(tmp_path):
+    stats = run_stats(RUN)
+    unmatched = compare.load_published(write_table(tmp_path, "unmatched", UNMATCHED))
+    with pytest.raises(UserError, match=r"^unmatched: no eval length of the run") as alone:
+        compare.compare_all(stats, 10, [unmatched])
+    assert "\n" not in str(alone.value)  # as a single table was refused before
+    nothing = compare.load_published(
+        write_table(
+            tmp_path, "nothing", {**SECOND, "rows": [{"name": "X", "label": "x", "values": [5, 9]}]}
+        )
+    )
+    with pytest.raises(UserError) as both:
+        compare.compare_all(stats, 10, [unmatched, nothing])
+    message = str(both.value)
+    assert message.startswith("no published table fits this run: unmatched: no eval length")
+    assert "; nothing: the run has none of the published schemes (x)" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("given", "names"),
+    [
+        (None, ()),
+        ("", ()),
+        ("published/yarn_paper", ("published/yarn_paper",)),
+        (
+            ["published/yarn_paper", "published/pi_paper"],
+            ("published/yarn_paper", "published/pi_paper"),
+        ),
+        (("a", "b", "a"), ("a", "b")),  # each table once
+        (OmegaConf.create({"c": ["a", "b"]}).c, ("a", "b")),  # a Hydra config's list
+    ],
+)
+def test_compare_is_a_name_or_a_list_of_names(given, names):
+    assert Options(compare=given).compare == names
+
+
+@pytest.mark.parametrize("given", [3, ["a", 3], {"a": 1}, ["a", ""]])
+def test_compare_that_is_no_name_is_refused(given):
+    with pytest.raises(UserError, match="must name a published table or list them"):
+        Options(compare=given)
+
+
+def test_the_task_report_compares_with_one_ranking():
+    with pytest.raises(UserError, match="compares with one published ranking, not 2"):
+        ranking_tables(pd.DataFrame(), [], ("published/a", "published/b"))

@@ -7,7 +7,8 @@ under a folder, multirun folders included, and writes into it (or ``--out``)::
     tables/{ppl,bpb,nll}.csv|.md  mean over seeds and 95% CI per label x eval length
     tables/ratio.csv|.md          the chosen metric relative to the baseline length
     tables/score.csv|.md          extrapolation score and rank per label
-    tables/compare.csv            with --compare: the run next to a published table
+    tables/compare.csv            with --compare: the run next to a published table (with
+                                  several, a first column ``table`` names each row's)
     tables/cost.csv|.md           what each label costs: throughput, memory, parameters
     tables/*.tex                  every results table above as a LaTeX table (``report.latex``)
     figures/*.png|.pdf            metric vs length, loss by position, training curves, heatmap
@@ -96,7 +97,7 @@ def build_report(
     if (checked["mode"] == TASK_MODE).any():  # synthetic tasks: accuracies, their own report
         check_one_kind(root, checked)
         return build_task_report(root, out, checked, options, echo)
-    published = compare.load_published(options.compare) if options.compare else None
+    published = [compare.load_published(name) for name in options.compare]
     # probe and passkey records: their own sections
     perplexity = checked[~checked["mode"].isin([*PROBES, PASSKEY_MODE])]
     if perplexity.empty:  # every run owes perplexity: this one stopped before it
@@ -113,11 +114,11 @@ def build_report(
     report.tokenizers = mixed_tokenizers(df, options)
     metrics = ["bpb"] if report.tokenizers else METRICS
     stats = {metric: aggregate.seed_stats(df, metric) for metric in metrics}
-    if published is not None:
+    if published:
         ppl = stats["ppl"]
         if "pretrained" in df and df["pretrained"].fillna(False).all():
             ppl = compare.as_rope(ppl, str(df["scheme"].iloc[0]))  # model=hf: rope, rope+yarn
-        report.comparison = compare.compare(ppl, training_length(df), published)
+        report.comparisons = compare.compare_all(ppl, training_length(df), published)
     ratio = aggregate.ratio_table(stats[options.metric], options.baseline)
     per_byte = df.assign(nll=df["bpb"] * math.log(2)) if report.tokenizers else df
     report.tables = {**stats, "ratio": ratio, "score": aggregate.extrapolation_scores(per_byte)}
@@ -154,8 +155,8 @@ def write_tables(folder: Path, report: Report) -> None:
     write_csv(folder / "pairwise.csv", tables["pairwise"])
     write_csv(folder / "ranks.csv", tables["ranks"].rename_axis("label").reset_index())
     atomic_write_text(folder / "ranks.md", ranks_markdown(tables["ranks"]) + "\n")
-    if report.comparison is not None:
-        write_csv(folder / "compare.csv", report.comparison.cells)
+    if report.comparisons:
+        write_csv(folder / "compare.csv", comparison_cells(report.comparisons))
     cost.write(folder, report.frame, tables["cost"])
 
 
@@ -197,9 +198,21 @@ def write_latex(folder: Path, report: Report, diverged: str) -> list[Path]:
         latex.write(folder, "ranks", ranks_markdown(ranks), title, ["Bold: rank 1."], ones)
     )
     written.append(cost.write_latex(folder, df, tables["cost"]))
-    if report.comparison is not None:
-        written += comparison_latex(report.comparison, folder)
+    several = len(report.comparisons) > 1
+    for comparison in report.comparisons:  # with several: compare_<table>_{ppl,ratio,order}
+        stem = f"compare_{comparison.published.name}" if several else "compare"
+        written += comparison_latex(comparison, folder, stem)
     return written
+
+
+def comparison_cells(comparisons: list[compare.Comparison]) -> pd.DataFrame:
+    """tables/compare.csv: one comparison's cells, or with several every table's, a first
+    column ``table`` naming each row's (``alibi_paper``; ``paper`` is the paper's value)."""
+    if len(comparisons) == 1:
+        return comparisons[0].cells
+    return pd.concat(
+        [c.cells.assign(table=c.published.name) for c in comparisons], ignore_index=True
+    )[["table", *comparisons[0].cells.columns]]
 
 
 def draw_figures(
@@ -255,7 +268,7 @@ def families(df: pd.DataFrame) -> dict[str, str]:
 
 
 def print_summary(report: Report, df: pd.DataFrame, note: str) -> None:
-    """The console tables (perplexity, bits per byte), the diverged runs, the comparison's
+    """The console tables (perplexity, bits per byte), the diverged runs, each comparison's
     sentences and where report.md is."""
     if report.tokenizers:
         print(f"\n{report.tokenizers}")
@@ -267,9 +280,9 @@ def print_summary(report: Report, df: pd.DataFrame, note: str) -> None:
         print(f"† {note}")
     if len(report.skipped):
         print(f"{SKIPPED_NOTE} in {report.path}")
-    if report.comparison is not None:
-        print(f"\nComparison with {report.comparison.published.cite()}:")
-        for sentence in report.comparison.sentences():
+    for comparison in report.comparisons:
+        print(f"\nComparison with {comparison.published.cite()}:")
+        for sentence in comparison.sentences():
             print(f"- {sentence}")
     print(f"\nreport: {report.path}")
 
@@ -277,7 +290,7 @@ def print_summary(report: Report, df: pd.DataFrame, note: str) -> None:
 def markdown_report(
     root: Path, out: Path, df: pd.DataFrame, report: Report, diverged: pd.DataFrame
 ) -> str:
-    """The text of report.md: what was run, the tables, the comparison (with ``--compare``),
+    """The text of report.md: what was run, the tables, the comparisons (with ``--compare``),
     the figures, the diverged runs, the runs, provenance and how to reproduce it."""
     runs = trained_models(df)
     lines = [
@@ -288,7 +301,7 @@ def markdown_report(
         *([report.tokenizers, ""] if report.tokenizers else []),
         *tables_markdown(df, report),
         *cost.section(df, report.tables["cost"]),
-        *(comparison_markdown(report.comparison, df) if report.comparison is not None else []),
+        *(line for c in report.comparisons for line in comparison_markdown(c, df)),
         *figures_markdown(report, out),
         *probes.markdown(report.context, out),
         *report.passkey,

@@ -43,9 +43,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--compare",
+        action="append",
         metavar="TABLE",
         help="a published table to compare with: published/alibi_paper, published/pi_paper "
-        "(results/published/) or a path to a YAML file of the same form",
+        "(results/published/) or a path to a YAML file of the same form; repeat it to compare "
+        "with several, each in its own section",
     )
     parser.add_argument("--out", help="output folder (default: the results folder)")
     parser.add_argument(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.resources
 import itertools
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,8 @@ import pandas as pd
 import yaml
 
 from pe_bench.errors import UserError
+
+log = logging.getLogger(__name__)
 
 CITATION_FIELDS = ("authors", "title", "venue", "year", "arxiv", "table", "page", "read_from")
 SETUP_FIELDS = ("corpus", "model", "train_len", "protocol", "stride", "unit")
@@ -244,6 +247,29 @@ def compare(stats: pd.DataFrame, train_len: int, published: Published) -> Compar
         disagree=int(past["disagree"].sum()),
         missing=missing,
     )
+
+
+def compare_all(stats: pd.DataFrame, train_len: int, tables: list[Published]) -> list[Comparison]:
+    """The run next to each of ``tables``, in their order. A table the run does not fit (none
+    of its schemes, no eval length at its ratios) is refused in one line when it is the only
+    one, skipped with a warning naming it when another fits, and when none fits the reasons,
+    one per table, make one line."""
+    done, failed = [], {}
+    for table in tables:
+        try:
+            done.append(compare(stats, train_len, table))
+        except UserError as err:
+            failed[table.name] = str(err)
+    if failed and not done:
+        if len(failed) == 1:
+            raise UserError(next(iter(failed.values())))
+        reasons = dict.fromkeys(
+            why if why.startswith(f"{name}:") else f"{name}: {why}" for name, why in failed.items()
+        )
+        raise UserError(f"no published table fits this run: {'; '.join(reasons)}")
+    for name, why in failed.items():
+        log.warning("not compared with %s: %s", name, why.removeprefix(f"{name}: "))
+    return done
 
 
 def as_rope(stats: pd.DataFrame, model: str) -> pd.DataFrame:

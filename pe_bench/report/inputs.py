@@ -87,7 +87,12 @@ class Options:
     mode: str | None = None  # eval mode: nonoverlap when present
     baseline: int | None = None  # ratio denominator length: the training length
     schemes: tuple[str, ...] = ()  # schemes or labels (rope+ntk) to keep; empty: all
-    compare: str | None = None  # a published table, e.g. published/alibi_paper
+    # published tables, e.g. ("published/alibi_paper",); a name or a list (a config's
+    # ``compare:``) is read as the tuple of its names (``compare_names``)
+    compare: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compare", compare_names(self.compare))
 
     def resolve(self, df: pd.DataFrame) -> Options:
         """These options with the choices left to the records made: the mode of ``df`` (one
@@ -106,9 +111,27 @@ class Options:
         args += ["--baseline", str(self.baseline)]
         if self.schemes:
             args += ["--schemes", *self.schemes]
-        if self.compare:
-            args += ["--compare", self.compare]
+        for name in self.compare:
+            args += ["--compare", name]
         return shlex.join(args)
+
+
+def compare_names(value: object) -> tuple[str, ...]:
+    """The published tables a report compares with, from ``--compare`` (repeatable) or a
+    config's ``compare:``: none (None, ""), one name, or a list of names; each name once, in
+    the order given."""
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if OmegaConf.is_list(value):
+        value = OmegaConf.to_container(value)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) and v for v in value):
+        return tuple(dict.fromkeys(value))
+    raise UserError(
+        f"compare={value!r} must name a published table or list them, e.g. "
+        "published/yarn_paper or [published/yarn_paper, published/pi_paper]"
+    )
 
 
 @dataclass
@@ -120,7 +143,7 @@ class Report:
     options: Options
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     figures: dict[str, Path] = field(default_factory=dict)
-    comparison: compare.Comparison | None = None
+    comparisons: list[compare.Comparison] = field(default_factory=list)  # one per table
     skipped: pd.DataFrame = field(default_factory=pd.DataFrame)  # skipped_evaluations rows
     context: probes.ContextUse | None = None  # the context-use probes' section
     passkey: list[str] = field(default_factory=list)  # the passkey section's markdown lines

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from pe_bench.data.tasks import TASKS
+from pe_bench.errors import UserError
 from pe_bench.report import aggregate, compare
 from pe_bench.report.markdown import markdown_table
 
@@ -21,13 +22,19 @@ def headlines(tasks: list[str]) -> dict[str, str]:
     return {task: TASKS[task].headline if task in TASKS else "exact_match" for task in tasks}
 
 
-def ranking_tables(df: pd.DataFrame, tasks: list[str], published: str | None) -> dict:
+def ranking_tables(df: pd.DataFrame, tasks: list[str], published: tuple[str, ...] = ()) -> dict:
     """``mrr`` (ties shared) and, with a published ranking, ``compare``: the paper's MRR next
-    to ours, and ours with ties broken as the paper breaks them where it says how."""
+    to ours, and ours with ties broken as the paper breaks them where it says how. The task
+    report compares with one ranking at most."""
+    if len(published) > 1:
+        raise UserError(
+            f"the task report compares with one published ranking, not {len(published)} "
+            f"({', '.join(published)}); allowed: one --compare"
+        )
     metrics = headlines(tasks)
     tables = {"mrr": aggregate.reciprocal_ranks(df, metrics)}
     if published:
-        paper = compare.load_ranking(published)
+        paper = compare.load_ranking(published[0])
         first = None
         if paper.tie_order:
             first = aggregate.reciprocal_ranks(df, metrics, paper.tie_order)

@@ -399,26 +399,28 @@ def comparison_lengths(cells: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     return lengths, heads
 
 
-def comparison_latex(comparison: compare.Comparison, folder: Path) -> list[Path]:
-    """tables/compare_{ppl,ratio,order}.tex: the comparison's three tables."""
+def comparison_latex(
+    comparison: compare.Comparison, folder: Path, stem: str = "compare"
+) -> list[Path]:
+    """tables/<stem>_{ppl,ratio,order}.tex: the comparison's three tables."""
     cells, cite = comparison.cells, comparison.published.cite()
     lengths, heads = comparison_lengths(cells)
     return [
         latex.write(
             folder,
-            "compare_ppl",
+            f"{stem}_ppl",
             comparison_grid(cells, lengths, heads, paper_and_ours_value),
             f"Perplexity, {cite} / this run, at matched ratios to the training length.",
         ),
         latex.write(
             folder,
-            "compare_ratio",
+            f"{stem}_ratio",
             comparison_grid(cells, lengths, heads, paper_and_ours_ratio),
             f"Ratio to the training-length value, {cite} / this run.",
         ),
         latex.write(
             folder,
-            "compare_order",
+            f"{stem}_order",
             rank_order_markdown(comparison.orders, heads),
             f"Rank order at each matched length (best first), {cite} and this run; Kendall "
             "tau = (same - reversed) / pairs.",

@@ -308,8 +308,8 @@ def reproduce(root: Path, out: Path, options: Options) -> list[str]:
     report_cmd = ["pe-bench-report", os.path.relpath(root, out)]
     if options.schemes:
         report_cmd += ["--schemes", *options.schemes]
-    if options.compare:
-        report_cmd += ["--compare", options.compare]
+    for name in options.compare:
+        report_cmd += ["--compare", name]
     return [
         "## Reproduce",
         "",

@@ -286,6 +286,23 @@ def test_one_compare_writes_what_it_wrote_before(tmp_path, capsys):
     assert {name: (run / name).read_text() for name in names} == before
 
 
+def test_a_report_leaves_no_comparison_tables_of_the_one_before(tmp_path):
+    """Two tables, then one, then none: each report's tables/ holds its own comparison files
+    only (the two-table names, then compare.csv, are another report's)."""
+    run = write_run(tmp_path)
+    first, second = write_paper(tmp_path), write_table(tmp_path, "second", SECOND)
+    build_report(run, options=Options(compare=(str(first), str(second))), echo=False)
+    build_report(run, options=Options(compare=str(first)), echo=False)
+    assert {f.name for f in (run / "tables").glob("compare*")} == {
+        "compare.csv",
+        "compare_ppl.tex",
+        "compare_ratio.tex",
+        "compare_order.tex",
+    }
+    build_report(run, options=Options(), echo=False)
+    assert not list((run / "tables").glob("compare*"))
+
+
 def test_a_table_that_fits_nothing_is_skipped_when_another_fits(tmp_path, caplog):
     run = write_run(tmp_path)
     paper, unmatched = write_paper(tmp_path), write_table(tmp_path, "unmatched", UNMATCHED)

@@ -128,6 +128,7 @@ def build_report(
     diverged = aggregate.diverged_runs(df)
     note = diverged_note(diverged)
     with report_lock(out):
+        remove_comparisons(out / "tables")
         write_tables(out / "tables", report)
         report.latex = write_latex(out / "tables", report, note)
         report.figures = draw_figures(out / "figures", root, df, report.tables, options, note)
@@ -138,6 +139,14 @@ def build_report(
     if echo:
         print_summary(report, df, note)
     return report
+
+
+def remove_comparisons(folder: Path) -> None:
+    """A previous report's comparison tables (compare.csv, compare*.tex): this report writes
+    its own, under names that depend on how many tables it compares with, or none, so the old
+    ones would be left beside them, stale."""
+    for path in [*folder.glob("compare.csv"), *folder.glob("compare*.tex")]:
+        path.unlink(missing_ok=True)
 
 
 def write_tables(folder: Path, report: Report) -> None:

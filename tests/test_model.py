@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from pe_bench.errors import UserError
-from pe_bench.model import gpt
+from pe_bench.model import attention
 from pe_bench.model.attention import attention_path
 from pe_bench.model.gpt import ModelConfig
 
@@ -63,9 +63,9 @@ def test_the_model_attends_on_the_path_attention_path_names(name, make, monkeypa
     model = make(name)
     taken = []
     for path, function in PATH_FUNCTIONS.items():
-        real = getattr(gpt, function)
+        real = getattr(attention, function)
         spy = lambda *a, _path=path, _real=real, **k: taken.append(_path) or _real(*a, **k)  # noqa: E731
-        monkeypatch.setattr(gpt, function, spy)
+        monkeypatch.setattr(attention, function, spy)
     with torch.no_grad():
         model(torch.randint(0, 256, (1, 48)))  # 3x the training length: variants are active
     assert set(taken) == {attention_path(model.pe)}

@@ -71,6 +71,7 @@ def attention(
     v: Tensor,
     pe: PositionScheme,
     *,
+    x: Tensor | None = None,
     pos: Tensor | None = None,
     layer: int = 0,
     mode: str = "auto",
@@ -78,6 +79,9 @@ def attention(
     """Causal self-attention of the queries, keys and values of one layer, ``[b, n_h, s, h_d]``
     each, as they come out of the layer's projection (the scheme rotates or scales them
     here), under scheme ``pe``: ``[b, n_h, s, h_d]``, what the benchmark's model computes.
+
+    ``x``: the layer's normed input ``[b, s, d]`` that q, k and v were projected from, needed
+    only by a scheme that computes its attention from it (``pe.has_own_attention``: PaTH).
 
     ``pos``: the positions, ``[s]``; by default ``pe.positions(s)``. Pass the same tensor to
     every layer of a forward pass: a randomized scheme draws new positions on each call while
@@ -89,6 +93,7 @@ def attention(
     each call builds its own (the same numbers, more work for a bias on the float-mask path).
     """
     _check(q, k, v, pe, layer, mode)
+    _check_input(x, q, pe)
     s = q.shape[-2]
     pe.check_length(s)
     if pos is None:
@@ -97,7 +102,7 @@ def attention(
         raise UserError(f"pos has shape {tuple(pos.shape)}; it must be [s] = [{s}]")
     ctx = forward_context(pe, pos, mode, q.shape[1], torch.is_grad_enabled())
     q, k = pe.transform_qk(q, k, pos, pos, layer)
-    return attend(q, k, v, ctx, layer)
+    return attend(q, k, v, ctx, layer, x)
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, pe: PositionScheme, layer: int, mode: str) -> None:
@@ -122,4 +127,20 @@ def _check(q: Tensor, k: Tensor, v: Tensor, pe: PositionScheme, layer: int, mode
         raise UserError(
             f"layer={layer!r} must be 0 .. {dims.num_layers - 1}: scheme {pe.name!r} was built "
             f"for {dims.num_layers} layers"
+        )
+
+
+def _check_input(x: Tensor | None, q: Tensor, pe: PositionScheme) -> None:
+    """The layer's input where the scheme reads it: ``[b, s, d]``, d = heads x head_dim."""
+    if x is None:
+        if pe.has_own_attention:
+            raise UserError(
+                f"scheme {pe.name!r} computes its attention from the layer's input: pass x, "
+                f"the normed input [b, s, d] that q, k and v were projected from"
+            )
+        return
+    b, _, s, _ = q.shape
+    if tuple(x.shape) != (b, s, pe.dims.d_model):
+        raise UserError(
+            f"x has shape {tuple(x.shape)}; it must be [b, s, d] = [{b}, {s}, {pe.dims.d_model}]"
         )

@@ -18,14 +18,16 @@ from pe_bench.model.gpt import GPT, ModelConfig, model_with_scheme, seeded_schem
 from pe_bench.positions import base, build_scheme, registered
 
 from .helpers import tiny_model
+from .plugins import input_gate  # noqa: F401  (registers input_gate: the attend hook)
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "my_pe"
 SIZES = {"num_heads": 4, "head_dim": 8, "num_layers": 2, "train_len": 16}
 
 
 def layer_inputs_and_outputs(model: GPT, idx: torch.Tensor) -> tuple[torch.Tensor, list]:
-    """One forward pass of ``model``: its positions, and for each layer the q, k, v its
-    projection made ``[b, n_h, s, h_d]`` and the attention output it projected ``[b, s, d]``."""
+    """One forward pass of ``model``: its positions, and for each layer its normed input
+    ``[b, s, d]``, the q, k, v its projection made ``[b, n_h, s, h_d]`` and the attention
+    output it projected ``[b, s, d]``."""
     seen: dict = {}
     positions = model.pe.positions
 
@@ -37,6 +39,7 @@ def layer_inputs_and_outputs(model: GPT, idx: torch.Tensor) -> tuple[torch.Tenso
     for block in model.blocks:
         entry: dict = {}
         attn = block.attn
+        hooks.append(block.ln1.register_forward_hook(lambda m, i, o, e=entry: e.update(x=o)))
         hooks.append(attn.qkv.register_forward_hook(lambda m, i, o, e=entry: e.update(qkv=o)))
         hooks.append(attn.proj.register_forward_pre_hook(lambda m, i, e=entry: e.update(y=i[0])))
         layers.append(entry)
@@ -53,7 +56,7 @@ def layer_inputs_and_outputs(model: GPT, idx: torch.Tensor) -> tuple[torch.Tenso
     for entry in layers:
         qkv = entry["qkv"].detach().split(model.cfg.d_model, dim=2)
         q, k, v = (t.view(b, s, heads, -1).transpose(1, 2) for t in qkv)
-        split.append((q, k, v, entry["y"].detach()))
+        split.append((entry["x"].detach(), q, k, v, entry["y"].detach()))
     return seen["pos"], split
 
 
@@ -62,8 +65,8 @@ def assert_api_equals_the_model(model: GPT, train: bool) -> None:
     model.train(train)
     with torch.set_grad_enabled(train):
         pos, layers = layer_inputs_and_outputs(model, idx)
-        for layer, (q, k, v, expected) in enumerate(layers):
-            y = attention(q, k, v, model.pe, pos=pos, layer=layer)
+        for layer, (x, q, k, v, expected) in enumerate(layers):
+            y = attention(q, k, v, model.pe, x=x, pos=pos, layer=layer)
             got = y.transpose(1, 2).reshape(expected.shape)
             assert torch.equal(got, expected), (layer, (got - expected).abs().max())
 
@@ -131,10 +134,20 @@ def test_bad_attention_inputs_are_one_line():
         ),
         r"cannot serve length 20": lambda: attention(*torch.randn(3, 1, 4, 20, 8), pe),
         r"must be a PositionScheme": lambda: attention(q, q, q, "rope"),
+        r"x has shape \(1, 10, 8\); it must be \[b, s, d\] = \[1, 10, 32\]": lambda: attention(
+            q, q, q, pe, x=torch.randn(1, 10, 8)
+        ),
     }
     for message, call in bad.items():
         with pytest.raises(UserError, match=message):
             call()
+
+
+def test_a_scheme_that_reads_the_layers_input_needs_it():
+    pe = position_scheme("input_gate", **SIZES)
+    q = torch.randn(1, 4, 10, 8)
+    with pytest.raises(UserError, match=r"scheme 'input_gate' computes its attention from the"):
+        attention(q, q, q, pe)
 
 
 def test_default_positions_are_the_schemes():
@@ -169,8 +182,17 @@ def test_the_docs_lines_are_the_examples():
 
 
 # one scheme of each attention path (fused causal, key term, distance table, float mask with
-# hidden keys, explicit) and an absolute embedding
-EXAMPLE_SCHEMES = ["rope", "fox", "alibi", "fire", "irope", "stickbreaking", "learned"]
+# hidden keys, explicit, the scheme's own from the layer's input) and an absolute embedding
+EXAMPLE_SCHEMES = [
+    "rope",
+    "fox",
+    "alibi",
+    "fire",
+    "irope",
+    "stickbreaking",
+    "input_gate",
+    "learned",
+]
 
 
 @pytest.mark.parametrize("name", EXAMPLE_SCHEMES)

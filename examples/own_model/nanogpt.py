@@ -31,7 +31,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         # nanoGPT: y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        y = attention(q, k, v, pe, pos=pos, layer=self.layer)  # the scheme rotates q, k here
+        y = attention(q, k, v, pe, x=x, pos=pos, layer=self.layer)  # the scheme rotates q, k
         return self.c_proj(y.transpose(1, 2).reshape(B, T, C))
 
 

@@ -42,7 +42,10 @@ def attention_path(pe: PositionScheme) -> str:
     """The path ``attend`` takes for ``pe``, decided by the scheme's hooks alone, the most
     fused first (FlexAttention, where ``model.attention`` turns it on, replaces the
     ``distance`` and ``mask`` paths of a scheme with a ``score_mod`` and no
-    ``attention_mask``): ``explicit``, ``mask``, ``key_bias``, ``causal``, ``distance``."""
+    ``attention_mask``): ``scheme`` (the scheme's own ``attend``, from the layer's input),
+    ``explicit``, ``mask``, ``key_bias``, ``causal``, ``distance``."""
+    if pe.has_own_attention:  # the scheme attends itself, reading the layer's input
+        return "scheme"
     if pe.has_logits_hook:  # the scheme rewrites logits or weights: written out
         return "explicit"
     if pe.has_attention_mask:  # keys hidden by -inf in float masks, whatever else it has
@@ -409,11 +412,16 @@ def forward_context(
     return ForwardContext(pe, pos, flex, {} if shared else None)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, ctx: ForwardContext, layer: int) -> Tensor:
+def attend(
+    q: Tensor, k: Tensor, v: Tensor, ctx: ForwardContext, layer: int, x: Tensor | None = None
+) -> Tensor:
     """Causal attention of queries and keys already through the scheme's ``transform_qk``,
-    ``[b, n_h, s, h_d]``, on the path ``attention_path`` names for ``ctx.pe``."""
+    ``[b, n_h, s, h_d]``, on the path ``attention_path`` names for ``ctx.pe``; ``x`` is the
+    layer's normed input ``[b, s, d]``, which only a scheme's own ``attend`` reads."""
     pe, pos = ctx.pe, ctx.pos
     path = attention_path(pe)
+    if path == "scheme":
+        return pe.attend(x, q, k, v, pos, layer)
     if path == "explicit":
         return explicit_attention(q, k, v, pos, pe, layer)
     if path == "key_bias":

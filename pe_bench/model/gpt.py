@@ -91,7 +91,7 @@ class CausalSelfAttention(nn.Module):
         # [b, s, d] -> [b, n_h, s, h_d]
         q, k, v = (t.view(b, s, self.num_heads, -1).transpose(1, 2) for t in (q, k, v))
         q, k = pe.transform_qk(q, k, pos, pos, self.layer)
-        y = attend(q, k, v, ctx, self.layer)  # [b, n_h, s, h_d]
+        y = attend(q, k, v, ctx, self.layer, x)  # [b, n_h, s, h_d]
         return self.proj(y.transpose(1, 2).reshape(b, s, d))
 
 

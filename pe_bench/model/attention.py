@@ -100,6 +100,15 @@ def masked_logit_bias(
     return bias.masked_fill(~keep, float("-inf"))
 
 
+def widened(v: Tensor, width: int) -> Tensor:
+    """``v`` with zero columns up to ``width``, the width of q and k where a scheme widens them
+    (PoPE's real and imaginary parts): CPU SDPA has fused kernels for one width only, and
+    with v narrower it ran 9x slower (1 thread, b 8, 4 heads, 1024 tokens, q and k 64 wide:
+    1.08 s against 0.18 s with v padded to 64, 0.12 s for rope's 32). The caller keeps the
+    output's first ``v`` columns."""
+    return v if v.shape[-1] == width else F.pad(v, (0, width - v.shape[-1]))
+
+
 def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """softmax(q k^T / sqrt(h_d) + causal mask) v, on the fastest SDPA path."""
     if q.shape[-2] == k.shape[-2]:

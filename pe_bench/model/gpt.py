@@ -39,6 +39,7 @@ from pe_bench.model.attention import (
     key_score_mod,
     masked_logit_bias,
     use_flex,
+    widened,
 )
 from pe_bench.positions import ModelDims, PositionScheme, build_scheme
 
@@ -113,7 +114,8 @@ class CausalSelfAttention(nn.Module):
         # [b, s, d] -> [b, n_h, s, h_d]
         q, k, v = (t.view(b, s, self.num_heads, -1).transpose(1, 2) for t in (q, k, v))
         q, k = pe.transform_qk(q, k, pos, pos, self.layer)
-        y = self.attend(q, k, v, ctx)  # [b, n_h, s, h_d]
+        # v as wide as q and k (a scheme may widen them: PoPE), the output as narrow as v
+        y = self.attend(q, k, widened(v, q.shape[-1]), ctx)[..., : v.shape[-1]]  # [b, n_h, s, h_d]
         return self.proj(y.transpose(1, 2).reshape(b, s, d))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: ForwardContext) -> Tensor:

@@ -143,6 +143,8 @@ def check_devices_dtypes(setup: Setup) -> str:
 
 def check_query_chunks(setup: Setup) -> str:
     scheme, s, pos = scheme_under_test(setup)
+    if scheme.has_own_attention:
+        raise Skipped("attends itself (attend): the model never passes queries alone")
     s_q = max(1, s // 3)
     q, k = qk(setup, s, s)
     for layer in range(setup.dims.num_layers):

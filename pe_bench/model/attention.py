@@ -39,8 +39,10 @@ def attention_path(pe: PositionScheme) -> str:
     """The path ``model.gpt.CausalSelfAttention.attend`` takes for ``pe``, decided by the
     scheme's hooks alone, the most fused first (FlexAttention, where ``model.attention``
     turns it on, replaces the ``distance`` and ``mask`` paths of a scheme with a ``score_mod``
-    and no ``attention_mask``): ``explicit``, ``mask``, ``key_bias``, ``causal``,
-    ``distance``."""
+    and no ``attention_mask``): ``scheme`` (the scheme's own ``attend``, from the layer's
+    input), ``explicit``, ``mask``, ``key_bias``, ``causal``, ``distance``."""
+    if pe.has_own_attention:  # the scheme attends itself, reading the layer's input
+        return "scheme"
     if pe.has_logits_hook:  # the scheme rewrites logits or weights: written out
         return "explicit"
     if pe.has_attention_mask:  # keys hidden by -inf in float masks, whatever else it has

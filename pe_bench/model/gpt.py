@@ -115,13 +115,16 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(b, s, self.num_heads, -1).transpose(1, 2) for t in (q, k, v))
         q, k = pe.transform_qk(q, k, pos, pos, self.layer)
         # v as wide as q and k (a scheme may widen them: PoPE), the output as narrow as v
-        y = self.attend(q, k, widened(v, q.shape[-1]), ctx)[..., : v.shape[-1]]  # [b, n_h, s, h_d]
+        y = self.attend(q, k, widened(v, q.shape[-1]), ctx, x)[..., : v.shape[-1]]
         return self.proj(y.transpose(1, 2).reshape(b, s, d))
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: ForwardContext) -> Tensor:
-        """Attention on the path the scheme's hooks allow (``attention_path``)."""
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: ForwardContext, x: Tensor) -> Tensor:
+        """Attention on the path the scheme's hooks allow (``attention_path``); ``x`` is the
+        layer's normed input, which only a scheme's own ``attend`` reads."""
         pe, pos = ctx.pe, ctx.pos
         path = attention_path(pe)
+        if path == "scheme":
+            return pe.attend(x, q, k, v, pos, self.layer)
         if path == "explicit":
             return explicit_attention(q, k, v, pos, pe, self.layer)
         if path == "key_bias":

@@ -51,6 +51,7 @@ TRAINABLE = [
     "ssmax_alibi",
     "fox",
     "stickbreaking",
+    "pope",
 ]
 VARIANTS = [
     "pi",
@@ -111,6 +112,7 @@ RELATIVE = [
     "longrope",
     "dape_kerple",
     "dape_alibi",
+    "pope",
 ]
 NOT_RELATIVE = [
     "nope",

@@ -28,6 +28,7 @@ FLOORS = {
     "run": 5,
     "conformance": 5,
     "report": 4,
+    "api": 4,  # a scheme in your own model: over model/ and positions/
     "model": 3,
     "data": 2,
     "positions": 2,

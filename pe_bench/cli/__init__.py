@@ -8,3 +8,11 @@ thin layer over the packages below it.
 - ``place``: ``pe-bench-place``, a scheme on a committed sweep's leaderboard.
 - ``hydra_private``: the one module that reaches into ``hydra._internal``.
 """
+
+
+def main() -> None:
+    """``pe-bench`` for console scripts installed before the command line was this package
+    (they name ``pe_bench.cli:main``); ``pip install -e .`` installs ``pe_bench.cli.bench:main``."""
+    from pe_bench.cli.bench import main as bench_main
+
+    bench_main()

@@ -11,7 +11,7 @@ from pe_bench.errors import OneLineParser, UserError, os_message
 from pe_bench.records import (
     MODES,
 )
-from pe_bench.report.aggregate import METRICS
+from pe_bench.report import metrics
 from pe_bench.report.build import build_report
 from pe_bench.report.inputs import Options
 from pe_bench.report.site import write_site
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("results", help="folder with records (searched recursively)")
     parser.add_argument(
         "--metric",
-        choices=list(METRICS),
+        choices=metrics.names(metrics.LM),
         default="ppl",
         help="metric of the figures and the ratio table (default: ppl)",
     )

@@ -50,6 +50,9 @@ TRAINABLE = [
     "fox",
     "stickbreaking",
     "pope",
+    "fope",
+    "bipe",
+    "cable",
 ]
 VARIANTS = [
     "pi",
@@ -131,6 +134,9 @@ NOT_RELATIVE = [
     "leaky_rerope",
     "self_extend",
     "irope",
+    "fope",
+    "bipe",
+    "cable",
 ]
 
 

@@ -66,6 +66,8 @@ def test_the_model_attends_on_the_path_attention_path_names(name, make, monkeypa
         real = getattr(gpt, function)
         spy = lambda *a, _path=path, _real=real, **k: taken.append(_path) or _real(*a, **k)  # noqa: E731
         monkeypatch.setattr(gpt, function, spy)
+    own = model.pe.attend  # the scheme's own path (attend) is its method, not a model function
+    monkeypatch.setattr(model.pe, "attend", lambda *a: taken.append("scheme") or own(*a))
     with torch.no_grad():
         model(torch.randint(0, 256, (1, 48)))  # 3x the training length: variants are active
     assert set(taken) == {attention_path(model.pe)}

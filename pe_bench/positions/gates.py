@@ -1,6 +1,7 @@
 """Schemes whose only order signal is a learned gate between keys and query, with no position
-encoding otherwise: the Forgetting Transformer's forget gate (a logit bias) and stick-breaking
-attention (which replaces the softmax)."""
+encoding otherwise: the Forgetting Transformer's forget gate and CABLE's context-aware biases
+(logit biases accumulated along the sequence) and stick-breaking attention (which replaces the
+softmax)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,64 @@ class ForgetGate(PositionScheme):
         """-c_j, ``[b, n_h, s_k]``: D_ij less the query's own c_i, which the softmax cancels
         (the model attends by fused SDPA with it, no mask)."""
         return -self.log_gates(k, layer).cumsum(-1)
+
+
+@register("cable")
+class Cable(PositionScheme):
+    """Context-aware biases for length extrapolation (Veisi et al. 2025, "Context-aware Biases
+    for Length Extrapolation", https://arxiv.org/abs/2503.08067): per layer a projection of
+    the layer's normed input to one number per head, z_t = W x_t + b (W N(0, 0.02), b 0), and
+    the logit bias
+
+        B_ij = c_i - c_j,  c_t = -sum_{l<=t} softplus(z_l),
+
+    a decay accumulated over the tokens between key and query at a rate each token sets (its
+    form is FoX's with ln f_l = -softplus(z_l)). No position encoding otherwise. Reference
+    implementation: axiomlab/Cable ``src/Cable.py`` (``CausalSelfAttention``: ``h_attn`` =
+    Linear(n_embd, n_head) on the block's normed input, ``b = cumsum(-softplus(h_attn(x)))``,
+    ``Bias = b_i - b_j``, logits ``baddbmm(Bias, q / sqrt(C / n_embd), k / sqrt(C /
+    n_embd))``).
+
+    The bias reads x_t, which no logit hook sees, so the scheme attends itself (``attend``):
+    c_i cancels in the softmax and -c_j rides on the keys into fused causal SDPA
+    (``key_biased_attention``), with no mask. The code divides q and k by sqrt(C / n_embd) = 1,
+    so its logits are q . k unscaled; that is kept (``scaled: true`` gives q . k / sqrt(h_d),
+    as the paper writes and every other scheme here has). Causal: B_ij for j <= i reads
+    tokens j+1..i. Not ``relative``: it reads no position (translation invariant).
+
+    Args:
+        scaled (bool): divide q . k by sqrt(h_d). Default: False (the code).
+    """
+
+    def __init__(self, dims: ModelDims, *, scaled: bool = False) -> None:
+        super().__init__(dims)
+        self.scaled = scaled
+        self.weight = nn.Parameter(
+            0.02 * torch.randn(dims.num_layers, dims.num_heads, dims.d_model)
+        )
+        self.bias = nn.Parameter(torch.zeros(dims.num_layers, dims.num_heads))
+
+    @property
+    def caveat(self) -> str:
+        if self.scaled:
+            return ""
+        return (
+            "logits q . k unscaled, as the authors' code computes them (q and k divided by "
+            "sqrt(C / n_embd) = 1); scaled: true divides by sqrt(h_d) as the paper writes"
+        )
+
+    def cumulative(self, x: Tensor, layer: int) -> Tensor:
+        """c_t = -sum_{l<=t} softplus(W x_l + b), ``[b, n_h, s]`` in float32."""
+        z = torch.einsum("bsd,hd->bhs", x.float(), self.weight[layer].float())
+        return -F.softplus(z + self.bias[layer].float().unsqueeze(-1)).cumsum(-1)
+
+    def attend(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, layer: int) -> Tensor:
+        # the model's attention ops import the positions package: imported here, on first use
+        from pe_bench.model.attention import key_biased_attention
+
+        if not self.scaled:  # key_biased_attention divides q . k by sqrt(h_d)
+            q = q * math.sqrt(q.shape[-1])
+        return key_biased_attention(q, k, v, -self.cumulative(x, layer))
 
 
 @register("stickbreaking")

@@ -84,11 +84,11 @@ class Cable(PositionScheme):
     n_embd))``).
 
     The bias reads x_t, which no logit hook sees, so the scheme attends itself (``attend``):
-    c_i cancels in the softmax and -c_j rides on the keys into fused causal SDPA
-    (``key_biased_attention``), with no mask. The code divides q and k by sqrt(C / n_embd) = 1,
-    so its logits are q . k unscaled; that is kept (``scaled: true`` gives q . k / sqrt(h_d),
-    as the paper writes and every other scheme here has). Causal: B_ij for j <= i reads
-    tokens j+1..i. Not ``relative``: it reads no position (translation invariant).
+    c_i cancels in the softmax and -c_j rides on the keys into fused causal SDPA, with no
+    mask. The code divides q and k by sqrt(C / n_embd) = 1, so its logits are q . k unscaled;
+    that is kept (``scaled: true`` gives q . k / sqrt(h_d), as the paper writes and every
+    other scheme here has). Causal: B_ij for j <= i reads tokens j+1..i. Not ``relative``: it
+    reads no position (translation invariant).
 
     Args:
         scaled (bool): divide q . k by sqrt(h_d). Default: False (the code).
@@ -117,12 +117,20 @@ class Cable(PositionScheme):
         return -F.softplus(z + self.bias[layer].float().unsqueeze(-1)).cumsum(-1)
 
     def attend(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, layer: int) -> Tensor:
-        # the model's attention ops import the positions package: imported here, on first use
-        from pe_bench.model.attention import key_biased_attention
-
-        if not self.scaled:  # key_biased_attention divides q . k by sqrt(h_d)
-            q = q * math.sqrt(q.shape[-1])
-        return key_biased_attention(q, k, v, -self.cumulative(x, layer))
+        """Fused causal SDPA with -c_j as one more dimension of the keys (the queries' is 1,
+        v's 0): q' . k' = q . k (/ sqrt(h_d) if ``scaled``) - c_j, as the model's
+        ``key_biased_attention`` does for a ``key_bias``; in float32 (c grows with the length),
+        a GPU's kernels given a width that is a multiple of 8."""
+        b, h, s, d = q.shape
+        pad = (-(d + 1)) % 8 if q.device.type == "cuda" else 0
+        with torch.autocast(q.device.type, enabled=False):
+            scale = 1 / math.sqrt(d) if self.scaled else 1.0
+            q_ext = torch.cat([q.float() * scale, q.new_ones(b, h, s, 1, dtype=torch.float)], -1)
+            k_ext = torch.cat([k.float(), -self.cumulative(x, layer).unsqueeze(-1)], -1)
+            q_ext, k_ext = F.pad(q_ext, (0, pad)), F.pad(k_ext, (0, pad))
+            v_ext = F.pad(v.float(), (0, 1 + pad))
+            y = F.scaled_dot_product_attention(q_ext, k_ext, v_ext, is_causal=True, scale=1.0)
+        return y[..., : v.shape[-1]].to(v.dtype)
 
 
 @register("stickbreaking")

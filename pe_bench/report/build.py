@@ -39,6 +39,7 @@ from pe_bench.records import (
     PROBES,
     TASK_MODE,
     atomic_write_text,
+    is_ruler,
     load_records,
 )
 from pe_bench.report import aggregate, compare, cost, figures, latex, probes
@@ -57,6 +58,7 @@ from pe_bench.report.inputs import (
 )
 from pe_bench.report.markdown import SKIPPED_NOTE, caption, write_csv
 from pe_bench.report.passkey import section as passkey_section
+from pe_bench.report.ruler import section as ruler_section
 from pe_bench.report.sections import (
     comparison_latex,
     comparison_markdown,
@@ -98,8 +100,9 @@ def build_report(
         check_one_kind(root, checked)
         return build_task_report(root, out, checked, options, echo)
     published = [compare.load_published(name) for name in options.compare]
-    # probe and passkey records: their own sections
-    perplexity = checked[~checked["mode"].isin([*PROBES, PASSKEY_MODE])]
+    # probe, passkey and RULER records: their own sections
+    retrieval = checked["mode"].isin([*PROBES, PASSKEY_MODE]) | checked["mode"].map(is_ruler)
+    perplexity = checked[~retrieval]
     if perplexity.empty:  # every run owes perplexity: this one stopped before it
         kinds = ", ".join(sorted(checked["mode"].unique()))
         raise UserError(
@@ -135,6 +138,8 @@ def build_report(
         report.latex += probes.write(report.context, out, figures.styles(aggregate.label_order(df)))
         report.passkey = passkey_section(checked, out)
         report.latex += [out / "tables" / "passkey.tex"] if report.passkey else []
+        report.ruler = ruler_section(checked, out)
+        report.latex += [out / "tables" / "ruler.tex"] if report.ruler else []
         atomic_write_text(report.path, markdown_report(root, out, df, report, diverged))
     if echo:
         print_summary(report, df, note)
@@ -314,6 +319,7 @@ def markdown_report(
         *figures_markdown(report, out),
         *probes.markdown(report.context, out),
         *report.passkey,
+        *report.ruler,
         *diverged_markdown(diverged),
         *skipped_markdown(report.skipped),
         "## Runs",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 
@@ -123,6 +124,7 @@ def test_truncate_is_planned_stored_and_reported_with_position_intervals(tmp_pat
     from pe_bench import cli
     from pe_bench.records import POSITIONS, read_jsonl
     from pe_bench.report.build import build_report
+    from pe_bench.report.inputs import Options
 
     from .helpers import compose
 
@@ -149,6 +151,8 @@ def test_truncate_is_planned_stored_and_reported_with_position_intervals(tmp_pat
     assert {r["mode"] for r in records} == {"tail", "truncate"}
     rows = [r for r in read_jsonl(out / POSITIONS) if r["mode"] == "truncate"]
     assert all(len(r["window_loss"]) == 3 for r in rows)
-    report = build_report(out, echo=False)
-    assert (out / "figures" / "position_loss.csv").exists()
+    report = build_report(out, echo=False, options=Options(mode="truncate"))
+    bands = pd.read_csv(out / "figures" / "position_loss_windows.csv")
+    assert set(bands["windows"]) == {6}  # 3 documents x 2 slices, pooled
+    assert (bands["ci_low"] <= bands["loss"]).all() and (bands["loss"] <= bands["ci_high"]).all()
     assert "truncate" in report.path.read_text()

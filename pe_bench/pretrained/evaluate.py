@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,41 +94,13 @@ def evaluate_pretrained(ctx: RunContext, todo: dict[str, list[EvalTask]]) -> Non
         data.corpus.describe(),
     )
     pk_fields = {**fields, "run_id": job.run_id(0), "seed": 0, "test_slice": 0}
-    for task in pk_todo:  # one task at a time: a later one may copy an earlier one's record
-        copied = _copy(job, ctx.store, job.run_id(0), task)
-        if copied:
-            ctx.store.add(copied[0])
-            continue
-        trials = passkey.run(
-            model,
-            data.tokenizer,
-            [task],
-            job.variants,
-            job.spec,
-            job.short_name,
-            job.model.rope_impl,
-            job.passkey,
-        )
-        for record in trials:
-            ctx.store.add({**pk_fields, **record})
     text = test.decode("utf-8", errors="replace")  # RULER's essay haystack: the corpus's lines
-    for task in ruler_todo:
+    for task in [*pk_todo, *ruler_todo]:  # one at a time: a later one may copy an earlier one
         copied = _copy(job, ctx.store, job.run_id(0), task)
         if copied:
             ctx.store.add(copied[0])
             continue
-        found = ruler_eval.run(
-            model,
-            data.tokenizer,
-            [task],
-            job.variants,
-            job.spec,
-            job.short_name,
-            job.model.rope_impl,
-            job.ruler,
-            text,
-        )
-        for record in found:
+        for record in _retrieval(job, model, data.tokenizer, task, text):
             ctx.store.add({**pk_fields, **record})
     lm = LogitsOnly(model)
     bos = data.tokenizer.bos_token_id  # the truncate mode's BOS, as YaRN's add_start_token
@@ -146,6 +119,16 @@ def evaluate_pretrained(ctx: RunContext, todo: dict[str, list[EvalTask]]) -> Non
 
 
 STEPS = Steps(open_data, evaluate_pretrained)
+
+
+def _retrieval(
+    job: PretrainedPlan, model: nn.Module, tokenizer: Any, task: EvalTask, text: str
+) -> Iterator[dict[str, Any]]:
+    """The record of a passkey or RULER task (``text``: the corpus's, RULER's essay)."""
+    common = (model, tokenizer, [task], job.variants, job.spec, job.short_name)
+    if task.mode == PASSKEY_MODE:
+        return passkey.run(*common, job.model.rope_impl, job.passkey)
+    return ruler_eval.run(*common, job.model.rope_impl, job.ruler, text)
 
 
 def _copy(

@@ -310,6 +310,20 @@ def trials_record(prompts: list[Trial], answers: list[str]) -> dict[str, Any]:
     }
 
 
+def _collect(
+    found: Iterator[tuple[int, str, int]], answers: list[str], prompts: list[Trial], what: str
+) -> int:
+    """Put each answer in its trial's place, logging it; the prompt tokens computed."""
+    start, computed = time.perf_counter(), 0
+    for n, (i, answer, fresh) in enumerate(found, 1):
+        answers[i], computed = answer, computed + fresh
+        log.info(  # a trial of a long prompt takes minutes on a CPU
+            "%s trial %d/%d: recall %.2f (%.0f s so far)", what, n, len(prompts),
+            ruler.recall(answer, prompts[i].expected), time.perf_counter() - start,
+        )  # fmt: skip
+    return computed
+
+
 def run(
     model: nn.Module,
     tokenizer: Any,
@@ -338,23 +352,13 @@ def run(
         todo_prompts, variant = prompts[name, length], variants.get(task.variant)
         who = label + ("" if variant is None else f"+{variant.key}")
         most = cfg.max_new_tokens or ruler.TASKS[name].tokens_to_generate
-        start, answers, computed = time.perf_counter(), [""] * len(todo_prompts), 0
-        share = shares_prefix(variant, rope_impl)
+        start, answers = time.perf_counter(), [""] * len(todo_prompts)
         try:
             with rope_variant(model, variant, spec, length, rope_impl) as impl:
-                found = answer_all(model, todo_prompts, most, decode, share)
-                for n, (i, answer, fresh) in enumerate(found, 1):
-                    answers[i], computed = answer, computed + fresh
-                    log.info(  # a trial of a long prompt takes minutes on a CPU
-                        "%s %s L=%d trial %d/%d: recall %.2f (%.0f s so far)",
-                        who,
-                        name,
-                        length,
-                        n,
-                        len(todo_prompts),
-                        ruler.recall(answer, todo_prompts[i].expected),
-                        time.perf_counter() - start,
-                    )
+                found = answer_all(
+                    model, todo_prompts, most, decode, shares_prefix(variant, rope_impl)
+                )
+                computed = _collect(found, answers, todo_prompts, f"{who} {name} L={length}")
         except OUT_OF_MEMORY as err:
             if not is_out_of_memory(err):
                 raise

@@ -42,7 +42,7 @@ from pe_bench.records import (
     is_ruler,
     load_records,
 )
-from pe_bench.report import aggregate, compare, cost, figures, latex, probes
+from pe_bench.report import aggregate, compare, cost, figures, latex, probes, protocols
 from pe_bench.report.aggregate import METRICS
 from pe_bench.report.best import legend, score_marks, value_marks
 from pe_bench.report.figures import TITLES
@@ -118,9 +118,7 @@ def build_report(
     metrics = ["bpb"] if report.tokenizers else METRICS
     stats = {metric: aggregate.seed_stats(df, metric) for metric in metrics}
     if published:
-        ppl = stats["ppl"]
-        if "pretrained" in df and df["pretrained"].fillna(False).all():
-            ppl = compare.as_rope(ppl, str(df["scheme"].iloc[0]))  # model=hf: rope, rope+yarn
+        ppl = protocols.protocol_stats(perplexity, df, stats["ppl"], options.schemes)
         report.comparisons = compare.compare_all(ppl, training_length(df), published)
     ratio = aggregate.ratio_table(stats[options.metric], options.baseline)
     per_byte = df.assign(nll=df["bpb"] * math.log(2)) if report.tokenizers else df
@@ -241,7 +239,9 @@ def draw_figures(
     and training-curve figures, which read the files beside the records under ``root``);
     returns the PNG of each figure by key, in the order the report shows them."""
     train_len = training_length(df)
-    positions = aggregate.position_loss(load_rows(root, POSITIONS), df)
+    rows = load_rows(root, POSITIONS)
+    positions = aggregate.position_loss(rows, df)
+    bands = aggregate.position_intervals(rows, df)  # the truncate mode's windows
     curves = aggregate.training_curves(load_rows(root, CURVE), df)
     labels = aggregate.label_order(df)
     style = figures.styles(labels + [s for s in curves["label"].unique() if s not in labels])
@@ -258,8 +258,12 @@ def draw_figures(
         )
         if not positions.empty:
             write_csv(folder / "position_loss.csv", positions)
+            if not bands.empty:
+                write_csv(folder / "position_loss_windows.csv", bands)
             drawn["positions"] = figures.save(
-                figures.position_figure(positions, style, train_len, note), folder, "position_loss"
+                figures.position_figure(positions, style, train_len, note, bands),
+                folder,
+                "position_loss",
             )
         if not curves.empty:
             write_csv(folder / "training_curves.csv", curves)

@@ -39,6 +39,9 @@ every term to count, e.g. zero-initialised tables) and verify:
   sliding-window attention), the mask is bool ``[s_q, s_k]``, keeps every query's own key
   (else its row has nothing to attend), gives the same rows for query chunks, and does not
   move with the positions where the scheme declares ``relative``;
+- ``attend``: where a scheme computes the attention itself from the layer's input, it gives
+  ``[b, n_h, s, h_d]`` in v's dtype, finite, and the first t rows of a window are those of its
+  first t tokens attended alone (at 3x training and at an odd length past 4x);
 - ``content_bias``: a bias declared content-free does not change with q and k (a fast path may
   cache it), and has no batch dimension;
 - ``shared_bias``: a bias declared shared (``shared_bias = True``) is the same in every layer,
@@ -49,8 +52,9 @@ every term to count, e.g. zero-initialised tables) and verify:
   without a mask), the bias minus that term is the same along every query's row;
 - ``reference``: when the scheme has ``score_bias_reference``, it equals ``score_bias``.
 
-Each check is a function in ``pe_bench.conformance.checks``, run in this order (``CHECKS``);
-``pe_bench.conformance.harness`` builds the tiny model they share.
+Each check is a function in ``pe_bench.conformance.checks`` (the model's contract),
+``hooks`` (what the logit hooks declare) or ``attend`` (a scheme's own attention), run in this
+order (``CHECKS``); ``pe_bench.conformance.harness`` builds the tiny model they share.
 """
 
 from __future__ import annotations
@@ -64,25 +68,28 @@ from typing import Any
 
 import torch
 
+from pe_bench.conformance.attend import check_attend
 from pe_bench.conformance.checks import (
-    check_attention_mask,
     check_build,
     check_causality,
-    check_content_bias,
     check_determinism,
     check_devices_dtypes,
     check_gradients,
-    check_key_bias,
     check_lengths,
-    check_logit_hooks,
     check_query_chunks,
+)
+from pe_bench.conformance.cost import Cost, scheme_cost
+from pe_bench.conformance.harness import Failed, Setup, Skipped, build_setup
+from pe_bench.conformance.hooks import (
+    check_attention_mask,
+    check_content_bias,
+    check_key_bias,
+    check_logit_hooks,
     check_reference,
     check_relative,
     check_score_mod,
     check_shared_bias,
 )
-from pe_bench.conformance.cost import Cost, scheme_cost
-from pe_bench.conformance.harness import Failed, Setup, Skipped, build_setup
 from pe_bench.errors import UserError
 from pe_bench.model.gpt import ModelConfig
 from pe_bench.positions import PositionScheme
@@ -146,6 +153,7 @@ CHECKS: dict[str, Callable[[Setup], str]] = {
     "relative": check_relative,
     "logit_hooks": check_logit_hooks,
     "attention_mask": check_attention_mask,
+    "attend": check_attend,
     "content_bias": check_content_bias,
     "shared_bias": check_shared_bias,
     "score_mod": check_score_mod,

@@ -19,7 +19,7 @@ Each table is read against the run's records of the mode that measures what its 
 measures, where the run has it (``protocols``).
 
 Pure pandas on a run's seed statistics (``aggregate.seed_stats``) and a ``Published`` table,
-so every number can be checked by hand (``tests/test_compare.py``).
+so every number can be checked by hand (``tests/report/test_compare.py``).
 """
 
 from __future__ import annotations

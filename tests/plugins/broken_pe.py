@@ -202,3 +202,15 @@ class WrongKeyBias(PositionScheme):
 
     def key_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
         return k.float().sum(-1).cumsum(-1)
+
+
+@register("broken_attend")
+class LateLeak(PositionScheme):
+    """Attends itself, causally, except that from token 64 on every query also sees the
+    window's last token: a leak that the model's causality check at 48 tokens cannot see."""
+
+    def attend(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, layer: int) -> Tensor:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        late = torch.zeros_like(out)
+        late[..., 64:, :] = v[..., -1:, :]
+        return out + late

@@ -81,6 +81,11 @@ def tasks(
 ) -> list[EvalTask]:
     """One task per (variant, RULER task, target length) of ``schemes`` (the model and
     ``cfg.variants`` of them, all where it is null); ``tokens`` is the trials."""
+    for name in cfg.tasks:
+        if name not in ruler.TASKS:
+            raise UserError(
+                f"model.ruler.tasks: unknown task {name!r}; allowed: {', '.join(ruler.TASKS)}"
+            )
     if cfg.variants is not None:
         known = [variant for variant, *_ in schemes]
         unknown = [v for v in cfg.variants if v not in known]

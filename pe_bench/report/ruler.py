@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from pe_bench.pretrained.ruler import TASKS
 from pe_bench.records import atomic_write_text, is_ruler
 from pe_bench.report import aggregate, figures, latex
 from pe_bench.report.aggregate import wilson
@@ -31,7 +30,7 @@ def score_table(rows: pd.DataFrame) -> pd.DataFrame:
     interval (trials as n, summed recalls as successes); then per (label, length) the mean
     over the tasks (task ``mean``, as RULER averages), its interval over every trial."""
     cells = []
-    order = {name: i for i, name in enumerate(TASKS)}
+    order = {name: i for i, name in enumerate(dict.fromkeys(rows["task"]))}  # as the run did
     for (lab, task, length), at in rows.groupby(["label", "task", "eval_len"]):
         recalls = [r for trial in at["recall"] for r in trial]
         cells.append([lab, task, int(length), recalls])
@@ -79,7 +78,7 @@ def section(records: pd.DataFrame, out: Path, bins: int = 5) -> list[str]:
         f"length in tokens (x the pretraining context {train_len})."
     )
     latex.write(out / "tables", "ruler", text, title)
-    niah = rows[rows["task"].map(lambda t: TASKS[t].has_depth)]
+    niah = rows[rows["depth"].map(lambda depths: any(d is not None for d in depths))]
     lines = [
         "## RULER",
         "",

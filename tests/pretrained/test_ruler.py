@@ -240,7 +240,7 @@ def test_a_length_too_short_is_one_line(tokenize):
 
 def test_an_unknown_task_is_refused():
     with pytest.raises(UserError, match=r"unknown task 'niah_single_9'; allowed: niah_single_1"):
-        RulerConfig(tasks=["niah_single_9"])
+        ruler_eval.tasks(RulerConfig(tasks=["niah_single_9"]), [("none", "", None, "")], 64)
 
 
 # ---- the scorer -------------------------------------------------------------------------------
@@ -317,11 +317,11 @@ def test_a_record_scores_with_a_wilson_interval():
 
 @pytest.mark.slow  # about 20 s: a tiny checkpoint answers 2 tasks x 2 labels x 1 length
 def test_ruler_is_planned_stored_resumed_and_reported(tmp_path):
-    from pe_bench import cli
+    from pe_bench.cli import bench as cli
     from pe_bench.records import RECORDS, read_jsonl
     from pe_bench.report.build import build_report
 
-    from .helpers import compose
+    from ..helpers import compose
 
     folder = tiny_checkpoint("llama", tmp_path / "model", context=1024)
     cfg = compose(

@@ -110,7 +110,7 @@ def test_scored_bytes_are_the_scored_tokens_own():
 
 
 def test_truncate_is_refused_for_a_trained_model():
-    from .helpers import compose
+    from ..helpers import compose
 
     with pytest.raises(UserError, match="eval.modes: truncate .* is for model=hf"):
         from pe_bench.run.config import RunConfig
@@ -121,12 +121,12 @@ def test_truncate_is_refused_for_a_trained_model():
 
 @pytest.mark.slow  # about 15 s: a tiny checkpoint, two modes, one variant
 def test_truncate_is_planned_stored_and_reported_with_position_intervals(tmp_path):
-    from pe_bench import cli
+    from pe_bench.cli import bench as cli
     from pe_bench.records import POSITIONS, read_jsonl
     from pe_bench.report.build import build_report
     from pe_bench.report.inputs import Options
 
-    from .helpers import compose
+    from ..helpers import compose
 
     folder = tiny_checkpoint("llama", tmp_path / "model", context=64)
     cfg = compose(

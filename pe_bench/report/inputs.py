@@ -24,6 +24,7 @@ from pe_bench.records import (
     PROBES,
     RECORDS,
     TASK_MODE,
+    is_ruler,
     read_jsonl,
     searchpath,
     sweep_command,
@@ -62,7 +63,8 @@ def record_problem(record: dict) -> str:
     task = record.get("mode") == TASK_MODE
     needed = {**REQUIRED, **(TASK_FIELDS if task else {})}
     optional = {}
-    if status == "ok" and record.get("mode") not in (*PROBES, PASSKEY_MODE):
+    retrieval = record.get("mode") in (*PROBES, PASSKEY_MODE) or is_ruler(record.get("mode"))
+    if status == "ok" and not retrieval:
         specs = metrics.of_kind(metrics.TASK if task else metrics.LM)
         needed |= {s.name: NUMBER for s in specs if s.required}
         optional = {s.name: NUMBER for s in specs if not s.required}
@@ -146,6 +148,7 @@ class Report:
     skipped: pd.DataFrame = field(default_factory=pd.DataFrame)  # skipped_evaluations rows
     context: probes.ContextUse | None = None  # the context-use probes' section
     passkey: list[str] = field(default_factory=list)  # the passkey section's markdown lines
+    ruler: list[str] = field(default_factory=list)  # the RULER section's markdown lines
     tokenizers: str = ""  # what the report says when the records mix tokenizers
     frame: pd.DataFrame = field(default_factory=pd.DataFrame)  # the records the tables hold
     records: pd.DataFrame = field(default_factory=pd.DataFrame)  # every checked record

@@ -15,7 +15,8 @@ from pe_bench.report.inputs import Options
 from pe_bench.report.site import write_site
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> OneLineParser:
+    """The command's arguments."""
     parser = OneLineParser(prog="pe-bench-report", description=__doc__.split("\n")[0])
     parser.add_argument("results", help="folder with records (searched recursively)")
     parser.add_argument(
@@ -67,6 +68,11 @@ def main(argv: list[str] | None = None) -> None:
         help="also write the report as a static leaderboard site into DIR (opens from the "
         "file system: DIR/index.html)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.latex_style and not args.latex:
         parser.error(

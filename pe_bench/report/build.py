@@ -41,7 +41,7 @@ from pe_bench.records import (
     atomic_write_text,
     load_records,
 )
-from pe_bench.report import aggregate, compare, cost, figures, latex, probes
+from pe_bench.report import aggregate, compare, cost, figures, ladder, latex, probes
 from pe_bench.report.aggregate import METRICS
 from pe_bench.report.best import legend, score_marks, value_marks
 from pe_bench.report.figures import TITLES
@@ -106,6 +106,8 @@ def build_report(
             f"no perplexity records under {root} yet, only {len(checked)} of {kinds}: a run "
             "stopped before its perplexity; run its command again (it resumes), then report"
         )
+    if ladder.is_ladder(perplexity):  # rungs of model size and training length: one section each
+        return ladder.build_ladder(root, out, perplexity, options, echo)
     df = aggregate.prepare(perplexity, options.mode, options.schemes)
     options = options.resolve(df)
     report = Report(out / "report.md", options, skipped=aggregate.skipped_evaluations(df))

@@ -17,6 +17,7 @@ from pe_bench.report.inputs import Report, commands
 from pe_bench.report.markdown import FORMATS, caption
 from pe_bench.report.passkey import accuracy_table, passkey_rows
 from pe_bench.report.ranking import ranked_by
+from pe_bench.report.ruler import ruler_rows, score_table
 from pe_bench.report.sections import provenance_markdown, summary_markdown, trained_models
 from pe_bench.report.site import boards, schemes
 from pe_bench.report.site.boards import KINDS, Board, Label, board_panels, board_table
@@ -107,6 +108,7 @@ def perplexity_index(
                 "curves",
                 "cost",
                 *(["passkey"] if passkey_present(report) else []),
+                *(["ruler"] if ruler_board(report) is not None else []),
                 "schemes",
                 "about",
             ]
@@ -125,18 +127,7 @@ def perplexity_index(
         ),
         cost_section(report, info),
     ]
-    if passkey_present(report):
-        key = passkey_board(report)
-        boards_.append(key)
-        parts.append(
-            section(
-                "passkey",
-                "Passkey retrieval",
-                paragraph(PASSKEY),
-                board_table(key, info, ""),
-                board_panels(key, info),
-            )
-        )
+    parts += retrieval_sections(report, info, boards_)
     parts += [scheme_list(info), about(report, root)]
     return "\n".join(parts), boards_
 
@@ -179,6 +170,62 @@ PASSKEY = (
     "depth, greedy decoding, exact match. Accuracy over trials with its 95% Wilson interval, "
     "per target prompt length; every label answers the same prompts."
 )
+
+
+RULER = (
+    "Hsieh et al. (2024), RULER's synthetic tasks as its generators write them: the fraction "
+    "of the expected strings in the greedy output, over every trial of the run's tasks (their "
+    "mean), with its 95% Wilson interval, per target length; every label answers the same "
+    "prompts. report.md has each task's."
+)
+
+
+def ruler_board(report: Report) -> Board | None:
+    """RULER's score per label and length (the mean over the run's tasks) as a board; None
+    without RULER records."""
+    rows = ruler_rows(report.records) if len(report.records) else pd.DataFrame()
+    if rows.empty:
+        return None
+    table = score_table(rows)
+    several = table["task"].eq("mean").any()
+    table = table[table["task"] == ("mean" if several else table["task"].iloc[0])]
+    scores = table.rename(columns={"trials": "n", "score": "mean"}).drop(columns="task")
+    train_len = int(rows["train_len"].iloc[0])
+    return Board(
+        "ruler", "RULER score", scores, None, "{:.2f}", train_len, "score",
+        higher=True, bounds=(0.0, 1.0),
+    )  # fmt: skip
+
+
+def retrieval_sections(report: Report, info: dict[str, Label], boards_: list[Board]) -> list[str]:
+    """The passkey and RULER sections of the index, where the run has them (their boards
+    appended to ``boards_``)."""
+    parts: list[str] = []
+    if passkey_present(report):
+        key = passkey_board(report)
+        boards_.append(key)
+        parts.append(
+            section(
+                "passkey",
+                "Passkey retrieval",
+                paragraph(PASSKEY),
+                board_table(key, info, ""),
+                board_panels(key, info),
+            )
+        )
+    ruler = ruler_board(report)
+    if ruler is not None:
+        boards_.append(ruler)
+        parts.append(
+            section(
+                "ruler",
+                "RULER",
+                paragraph(RULER),
+                board_table(ruler, info, ""),
+                board_panels(ruler, info),
+            )
+        )
+    return parts
 
 
 def passkey_present(report: Report) -> bool:

@@ -14,14 +14,11 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from pe_bench.report import aggregate
-
-if TYPE_CHECKING:
-    from pe_bench.report.ladder import RungResult
+from pe_bench.report.rungs import RungResult
 
 FACTORS = (1, 2, 4, 8, 16)
 BREAK_RATIO = 1.5  # "breaks": perplexity at 2x at least 1.5x that at 1x (and separated)
@@ -34,7 +31,7 @@ class Verdict:
     why: str  # what failed (or why it cannot be tested); "" where it holds
 
 
-Check = Callable[["RungResult"], Verdict]
+Check = Callable[[RungResult], Verdict]
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,10 @@
 """The report of a scale ladder: the same labels trained at several model sizes and training
 lengths (``experiment=scale``'s rungs, ``conf/rung``), each rung a protocol of its own.
 
-A folder whose records differ only in what a rung may change (``RUNG_FIELDS``: width, depth,
-training length) and agree on everything else a report compares (corpus, eval tokens, steps,
-training tokens) is a ladder. Nothing in ``run/`` knows it: a rung is a group of records.
-
-Each rung is analysed exactly as a one-protocol report is (``aggregate``: seed intervals,
-paired differences, extrapolation scores), then the rungs are set side by side:
+A folder whose records differ only in width, depth or training length is a ladder (``rungs``);
+nothing in ``run/`` knows it: a rung is a group of records. Each rung is analysed exactly as a
+one-protocol report is (``aggregate``: seed intervals, paired differences, extrapolation
+scores), then the rungs are set side by side:
 
 - the 16x/1x perplexity ratio and the NLL at 16x of each label at each rung, with their 95%
   t-intervals over seeds (the ratio per seed is exp(NLL at 16x - NLL at 1x), so its mean is
@@ -24,7 +22,6 @@ from __future__ import annotations
 import math
 import os
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -36,82 +33,10 @@ from pe_bench.records import atomic_write_text
 from pe_bench.report import aggregate, claims, figures, latex
 from pe_bench.report.inputs import Options, Report, commands, report_lock
 from pe_bench.report.markdown import cpu_kinds, markdown_table, write_csv
+from pe_bench.report.rungs import RungResult, analyse, split_rungs
 from pe_bench.report.sections import value_markdown
 
-RUNG_FIELDS = ("d_model", "num_layers", "train_len")  # what one rung may change
-SHARED_FIELDS = tuple(f for f in aggregate.PROTOCOL if f not in RUNG_FIELDS)
 FAR = 16  # the eval factor the ladder compares at (16x the rung's training length)
-
-
-@dataclass(frozen=True)
-class Rung:
-    """One cell of the ladder: a model size and a training length."""
-
-    name: str  # the folder's ``rung=`` setting, else d<d_model>-l<layers>-L<train_len>
-    d_model: int
-    num_layers: int
-    train_len: int
-    params: int  # of the model without its scheme's own parameters (NoPE's count)
-
-
-@dataclass
-class RungResult:
-    """One rung's records and the statistics every ladder table reads."""
-
-    rung: Rung
-    frame: pd.DataFrame  # aggregate.prepare's records of this rung
-    nll: pd.DataFrame  # aggregate.seed_stats(..., "nll")
-    pairs: pd.DataFrame  # aggregate.paired_differences(..., "nll"), every length
-    scores: pd.DataFrame  # aggregate.extrapolation_scores
-    score_pairs: pd.DataFrame  # aggregate.score_differences
-
-    def factor_len(self, factor: float) -> int:
-        return round(factor * self.rung.train_len)
-
-    def per_seed(self) -> pd.DataFrame:
-        """NLL by (label, seed) x eval length, ok records only."""
-        ok = self.frame[self.frame["status"] == "ok"].dropna(subset=["nll", "eval_len"])
-        return ok.pivot_table(index=["label", "seed"], columns="eval_len", values="nll")
-
-
-def is_ladder(df: pd.DataFrame) -> bool:
-    """Records that vary in a rung field and agree on every other protocol field."""
-    varies = [f for f in RUNG_FIELDS if f in df and df[f].dropna().nunique() > 1]
-    shared = all(df[f].dropna().nunique() <= 1 for f in SHARED_FIELDS if f in df)
-    return bool(varies) and shared
-
-
-def rung_name(folder: str, d_model: int, num_layers: int, train_len: int) -> str:
-    """The ``rung=`` override in a job folder's name, or a name made of the rung's fields."""
-    for part in folder.rsplit("/", 1)[-1].split(","):
-        if part.startswith("rung="):
-            return part.removeprefix("rung=")
-    return f"d{d_model}-l{num_layers}-L{train_len}"
-
-
-def split_rungs(df: pd.DataFrame) -> list[tuple[Rung, pd.DataFrame]]:
-    """The records of each rung, rungs ordered by training length, then parameters."""
-    rungs = []
-    for (d_model, layers, train_len), group in df.groupby(list(RUNG_FIELDS)):
-        names = {rung_name(f, d_model, layers, train_len) for f in group["folder"].unique()}
-        name = "/".join(sorted(names))
-        trunk = int((group["params"] - group["pe_params"].fillna(0)).min())
-        rung = Rung(name, int(d_model), int(layers), int(train_len), trunk)
-        rungs.append((rung, group.drop(columns=["setting"], errors="ignore")))
-    return sorted(rungs, key=lambda r: (r[0].train_len, r[0].params))
-
-
-def analyse(rung: Rung, records: pd.DataFrame, options: Options) -> RungResult:
-    """One rung's statistics, as a one-protocol report computes them."""
-    df = aggregate.prepare(records, options.mode, options.schemes)
-    return RungResult(
-        rung=rung,
-        frame=df,
-        nll=aggregate.seed_stats(df, "nll"),
-        pairs=aggregate.paired_differences(df, "nll"),
-        scores=aggregate.extrapolation_scores(df),
-        score_pairs=aggregate.score_differences(df),
-    )
 
 
 def far_table(results: list[RungResult]) -> pd.DataFrame:
@@ -330,6 +255,14 @@ def rungs_markdown(results: list[RungResult]) -> str:
     return markdown_table(header, rows, "lrrrrrl")
 
 
+INTRO = (
+    "The same labels at {rungs} rungs (model size and training length), each scored at 1x-16x "
+    "of its own training length on the same test tokens. Every number is a mean over seeds "
+    "with its 95% t-interval; two labels are *separated* at a rung when the t-interval of "
+    "their difference, paired over seeds, excludes 0 (each pair tested alone, uncorrected)."
+)
+
+
 def ladder_markdown(
     root: Path,
     out: Path,
@@ -346,11 +279,7 @@ def ladder_markdown(
     lines = [
         f"# Scale ladder report: {root.resolve().name}",
         "",
-        f"The same labels at {len(results)} rungs (model size and training length), each "
-        "scored at 1x-16x of its own training length on the same test tokens. Every number "
-        "is a mean over seeds with its 95% t-interval; two labels are *separated* at a rung "
-        "when the t-interval of their difference, paired over seeds, excludes 0 (each pair "
-        "tested alone, uncorrected).",
+        INTRO.format(rungs=len(results)),
         "",
         "## Rungs",
         "",

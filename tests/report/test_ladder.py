@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from pe_bench.errors import UserError
-from pe_bench.report import claims, ladder
+from pe_bench.report import claims, ladder, rungs
 from pe_bench.report.build import build_report
 from pe_bench.report.inputs import Options
 from tests.helpers import assert_regenerates, record, write_runs
@@ -50,17 +50,17 @@ def ladder_rows() -> list[dict]:
     return small + wide
 
 
-def results(rows: list[dict]) -> list[ladder.RungResult]:
+def results(rows: list[dict]) -> list[rungs.RungResult]:
     df = pd.DataFrame(rows).assign(folder=[r["run_id"] for r in rows])
-    return [ladder.analyse(r, g, Options()) for r, g in ladder.split_rungs(df)]
+    return [rungs.analyse(r, g, Options()) for r, g in rungs.split_rungs(df)]
 
 
 def test_a_ladder_is_records_that_differ_only_in_a_rung_field():
     rows = pd.DataFrame(ladder_rows())
-    assert ladder.is_ladder(rows)
-    assert not ladder.is_ladder(rows[rows["d_model"] == 32])  # one rung: one protocol
+    assert rungs.is_ladder(rows)
+    assert not rungs.is_ladder(rows[rows["d_model"] == 32])  # one rung: one protocol
     other_tokens = rows.assign(tokens=rows["d_model"] * 8)  # eval tokens differ too
-    assert not ladder.is_ladder(other_tokens)
+    assert not rungs.is_ladder(other_tokens)
 
 
 def test_rungs_are_named_by_their_folders_and_ordered():

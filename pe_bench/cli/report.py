@@ -8,8 +8,7 @@ from pathlib import Path
 
 from pe_bench.errors import OneLineParser, UserError, os_message
 from pe_bench.records import MODES, atomic_write_text
-from pe_bench.report import latex
-from pe_bench.report.aggregate import METRICS
+from pe_bench.report import latex, metrics
 from pe_bench.report.build import build_report
 from pe_bench.report.inputs import Options
 from pe_bench.report.site import write_site
@@ -21,7 +20,7 @@ def build_parser() -> OneLineParser:
     parser.add_argument("results", help="folder with records (searched recursively)")
     parser.add_argument(
         "--metric",
-        choices=list(METRICS),
+        choices=metrics.names(metrics.LM),
         default="ppl",
         help="metric of the figures and the ratio table (default: ppl)",
     )

@@ -12,15 +12,23 @@ from pe_bench.errors import UserError
 from pe_bench.records import atomic_write_bytes, atomic_write_text
 from pe_bench.report import aggregate, cost
 from pe_bench.report.best import score_marks
-from pe_bench.report.figures import LANDMARKS, TITLES, YLABELS
+from pe_bench.report.figures import LANDMARKS
 from pe_bench.report.inputs import Report, commands
-from pe_bench.report.markdown import FORMATS, caption
+from pe_bench.report.markdown import caption
+from pe_bench.report.metrics import spec
 from pe_bench.report.passkey import accuracy_table, passkey_rows
 from pe_bench.report.ranking import ranked_by
 from pe_bench.report.ruler import ruler_rows, score_table
 from pe_bench.report.sections import provenance_markdown, summary_markdown, trained_models
 from pe_bench.report.site import boards, schemes
-from pe_bench.report.site.boards import KINDS, Board, Label, board_panels, board_table
+from pe_bench.report.site.boards import (
+    KINDS,
+    Board,
+    Label,
+    board_panels,
+    board_table,
+    metric_board,
+)
 from pe_bench.report.site.costs import beside, cost_table
 from pe_bench.report.site.html import (
     GENERATOR,
@@ -85,18 +93,9 @@ def perplexity_index(
 ) -> tuple[str, list[Board]]:
     """The index of a perplexity report, and its boards (for the scheme pages)."""
     df, opts, tables = report.frame, report.options, report.tables
-    metric, stats = opts.metric, tables[opts.metric]
+    metric, stats, shown = opts.metric, tables[opts.metric], spec(opts.metric)
     train_len = int(df["train_len"].dropna().iloc[0])
-    board = Board(
-        "main",
-        TITLES[metric],
-        stats,
-        tables["pairwise"],
-        FORMATS[metric],
-        train_len,
-        YLABELS[metric],
-        log=metric == "ppl",
-    )
+    board = metric_board("main", shown.title, stats, tables["pairwise"], metric, train_len)
     board.extra = [score_column(tables), *beside(tables["cost"], board.lengths)]
     boards_ = [board]
     parts = [
@@ -116,14 +115,14 @@ def perplexity_index(
         filters(info, board.lengths, train_len),
         section(
             "leaderboard",
-            f"{TITLES[metric]} by evaluation length",
+            f"{shown.title} by evaluation length",
             paragraph(caption(stats, metric, df)[0].upper() + caption(stats, metric, df)[1:] + "."),
             board_table(board, info, ""),
-            paragraph(legend_text(False), "note"),
+            paragraph(legend_text(shown.higher_is_better), "note"),
             caveats(df),
         ),
         section(
-            "curves", f"{TITLES[metric]} vs evaluation length", board_panels(board, info, LANDMARKS)
+            "curves", f"{shown.title} vs evaluation length", board_panels(board, info, LANDMARKS)
         ),
         cost_section(report, info),
     ]

@@ -52,18 +52,27 @@ class RungResult:
 
 
 def is_ladder(df: pd.DataFrame) -> bool:
-    """Records that vary in a rung field and agree on every other protocol field."""
+    """Records of a rung sweep (every job folder names its ``rung=``) that vary in a rung field
+    and agree on every other protocol field. Records whose L_train differs by accident are no
+    ladder: their report fails, naming the field, as before."""
+    if "folder" not in df or not df["folder"].map(rung_of).notna().all():
+        return False
     varies = [f for f in RUNG_FIELDS if f in df and df[f].dropna().nunique() > 1]
     shared = all(df[f].dropna().nunique() <= 1 for f in SHARED_FIELDS if f in df)
     return bool(varies) and shared
 
 
-def rung_name(folder: str, d_model: int, num_layers: int, train_len: int) -> str:
-    """The ``rung=`` override in a job folder's name, or a name made of the rung's fields."""
+def rung_of(folder: str) -> str | None:
+    """The ``rung=`` override in a job folder's name, if any."""
     for part in folder.rsplit("/", 1)[-1].split(","):
         if part.startswith("rung="):
             return part.removeprefix("rung=")
-    return f"d{d_model}-l{num_layers}-L{train_len}"
+    return None
+
+
+def rung_name(folder: str, d_model: int, num_layers: int, train_len: int) -> str:
+    """The ``rung=`` override in a job folder's name, or a name made of the rung's fields."""
+    return rung_of(folder) or f"d{d_model}-l{num_layers}-L{train_len}"
 
 
 def split_rungs(df: pd.DataFrame) -> list[tuple[Rung, pd.DataFrame]]:

@@ -55,12 +55,15 @@ def results(rows: list[dict]) -> list[rungs.RungResult]:
     return [rungs.analyse(r, g, Options()) for r, g in rungs.split_rungs(df)]
 
 
-def test_a_ladder_is_records_that_differ_only_in_a_rung_field():
+def test_a_ladder_is_a_rung_sweep_whose_records_differ_only_in_a_rung_field():
     rows = pd.DataFrame(ladder_rows())
+    rows = rows.assign(folder=rows["run_id"])
     assert rungs.is_ladder(rows)
     assert not rungs.is_ladder(rows[rows["d_model"] == 32])  # one rung: one protocol
     other_tokens = rows.assign(tokens=rows["d_model"] * 8)  # eval tokens differ too
     assert not rungs.is_ladder(other_tokens)
+    undeclared = rows.assign(folder=rows["folder"].str.replace(r",rung=\w+", "", regex=True))
+    assert not rungs.is_ladder(undeclared)  # L_train differing by accident: no ladder
 
 
 def test_rungs_are_named_by_their_folders_and_ordered():

@@ -1,8 +1,9 @@
 """The committed results/ are regenerated from their own records: tables, figure data and
 report.md byte for byte, figures as valid images of the same size.
 
-Every ``results/<name>/`` and ``results/gpu/<name>/`` holding records is checked; the same check runs on a copy of the
-smoke experiment's output, so the machinery is tested even before anything is committed.
+Every ``results/<name>/`` and ``results/gpu/<name>/`` holding records is checked; the same check
+runs on a copy of the smoke experiment's output, so the machinery is tested even before anything
+is committed.
 """
 
 from __future__ import annotations

@@ -125,8 +125,8 @@ def better_at(a: str, b: str, factors: tuple[float, ...], reverse: bool = False)
         for f in factors:
             got = lower(res, a, b, f)
             want = not reverse
-            word = "not separated" if got is None else ("better" if got else "worse")
-            parts.append((got is want, f"{a} {word} than {b} at {f}x"))
+            word = "not separated from" if got is None else ("better than" if got else "worse than")
+            parts.append((got is want, f"{a} {word} {b} at {f}x"))
         return _all(parts)
 
     return check

@@ -18,9 +18,13 @@ code that made it (its ``git_sha``) computes what today's code computes:
    tree. Equal numbers: the record gets today's key (as ``plan`` computes it for that
    folder's config). The ``source`` part (the classes' normalised syntax trees) is compared
    too and its differences printed: code that was edited without changing the numbers.
-3. A pretrained model's records (``model=hf``) are kept under the key of the functions that
-   apply a variant and run the passkey test (``pe_bench.pretrained.key``): the old commit's
-   functions of the same names must have the same normalised syntax trees.
+3. A pretrained model's records (``model=hf``) are kept under the key of every module-level
+   definition of ``pe_bench/pretrained`` (``pe_bench.pretrained.key``): each definition the
+   old commit had must have the same normalised syntax tree today. A definition added since
+   (a new function, class or constant, undecorated and assigned without a call) cannot have
+   computed the old numbers, since the unchanged code that did cannot name it; one removed
+   since was named by none of it either. Added top-level statements, decorated definitions
+   and assignments that call something may act on import: they are differences.
 
 A record whose code computed other numbers keeps what it has and is listed: the next run
 recomputes it. Rerunning the script changes nothing (records already under today's key are
@@ -32,8 +36,8 @@ left as they are). ``--check`` says what it would do and writes nothing.
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
-import contextlib
 import importlib
 import importlib.util
 import json
@@ -93,7 +97,7 @@ def worker(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for item in items:
         try:
             if item["kind"] == "hf_code":
-                out.append(_hf_code(item["names"]))
+                out.append(_hf_code())
                 continue
             if item.get("plugin"):
                 importlib.import_module(item["plugin"])
@@ -113,24 +117,32 @@ def worker(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _hf_code(names: list[str]) -> dict[str, Any]:
-    """The pretrained code's key from the functions of these names, wherever this tree
-    keeps them (``pe_bench.pretrained.*`` now, ``pe_bench.hf``/``passkey`` before)."""
+def _hf_code() -> dict[str, Any]:
+    """The pretrained code's definitions in this tree's ``pe_bench/pretrained`` (today's
+    ``key.definitions``): the key, each name's digest, and the names whose definition is
+    inert (``_inert``)."""
     key = _key_module()
-    places = ["pe_bench.pretrained.rope", "pe_bench.pretrained.passkey", "pe_bench.hf"]
-    places.append("pe_bench.pretrained.windowed")
-    places.append("pe_bench.passkey")
-    modules = []
-    for place in places:
-        with contextlib.suppress(ImportError):
-            modules.append(importlib.import_module(place))
-    found = {}
-    for name in names:
-        found[name] = next((getattr(m, name) for m in modules if hasattr(m, name)), None)
+    package = Path(importlib.import_module("pe_bench").__file__).parent / "pretrained"
+    found = key.definitions(package)
+    inert = []
+    for path in package.rglob("*.py") if package.is_dir() else []:
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            inert += key.defined_names(node) if _inert(node) else []
     return {
         "key": key.code_key(found),
-        "each": {name: key.code_key({name: obj}) for name, obj in found.items()},
+        "each": {name: key.code_key({name: trees}) for name, trees in found.items()},
+        "inert": sorted(set(inert)),
     }
+
+
+def _inert(node: ast.stmt) -> bool:
+    """A definition that does nothing on import: a function or class without decorators, or
+    an assignment that calls nothing."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return not node.decorator_list
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        return not any(isinstance(n, ast.Call) for n in ast.walk(node))
+    return False
 
 
 # ---- the migration ----------------------------------------------------------------------------
@@ -250,10 +262,7 @@ class Folder:
         dims = {k: getattr(self.dims, k) for k in self.dims.__dataclass_fields__}
         found = []
         if self.hf:
-            from pe_bench.pretrained.key import APPLY, PASSKEY, WINDOWED
-
-            names = [*APPLY, *WINDOWED, *PASSKEY]
-            found.append(("hf code", {"kind": "hf_code", "names": names}))
+            found.append(("hf code", {"kind": "hf_code"}))
         else:
             found.append(("scheme", _scheme_item(self.cfg["pe"], dims)))
             ft_pe = self.finetunes.get(record.get("finetune"))
@@ -302,9 +311,24 @@ def compare(old: dict[str, Any], new: dict[str, Any]) -> tuple[bool, str]:
     """Whether the old commit's code computes today's numbers, and what differs."""
     if "error" in old or "error" in new:
         return False, f"cannot compare: {old.get('error') or new.get('error')}"
-    if "each" in old:  # the pretrained code: normalised syntax trees
-        edited = sorted(n for n in new["each"] if old["each"].get(n) != new["each"][n])
-        return old["key"] == new["key"], f"functions edited: {', '.join(edited)}" if edited else ""
+    if "each" in old:  # the pretrained code: normalised syntax trees (module docstring, 3.)
+        edited = sorted(
+            n for n in old["each"] if n in new["each"] and old["each"][n] != new["each"][n]
+        )
+        added = sorted(set(new["each"]) - set(old["each"]))
+        acting = [n for n in added if n not in new["inert"]]
+        removed = sorted(set(old["each"]) - set(new["each"]))
+        notes = [
+            f"{what}: {', '.join(names)}"
+            for what, names in (
+                ("edited", edited),
+                ("added, acting on import", acting),
+                ("added", added),
+                ("removed", removed),
+            )
+            if names
+        ]
+        return not edited and not acting, "; ".join(notes)
     same = old["numbers"] == new["numbers"]
     edited = sorted(
         name

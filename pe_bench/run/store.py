@@ -184,10 +184,11 @@ class RunStore:
         return kept
 
     def _rows(self, name: str, fresh: bool) -> list[dict]:
-        """The rows of file ``name`` (none when starting over)."""
+        """The rows of file ``name`` (none when starting over); its corrupt lines are moved
+        aside by the writer (``records.read_jsonl``)."""
         if fresh or not (self.folder / name).exists():
             return []
-        return read_jsonl(self.folder / name)
+        return read_jsonl(self.folder / name, move_aside=self.writer)
 
     def _remove_strays(self) -> None:
         """Delete the temporary files a killed run of this folder left (the lock is ours)."""

@@ -24,7 +24,8 @@ code that made it (its ``git_sha``) computes what today's code computes:
    (a new function, class or constant, undecorated and assigned without a call) cannot have
    computed the old numbers, since the unchanged code that did cannot name it; one removed
    since was named by none of it either. Added top-level statements, decorated definitions
-   and assignments that call something may act on import: they are differences.
+   and assignments that call something may act on import: they are differences. Log lines
+   are compared out, and so is a loop counter that only they read (``_proof_source``).
 
 A record whose code computed other numbers keeps what it has and is listed: the next run
 recomputes it. Rerunning the script changes nothing (records already under today's key are
@@ -119,20 +120,62 @@ def worker(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _hf_code() -> dict[str, Any]:
     """The pretrained code's definitions in this tree's ``pe_bench/pretrained`` (today's
-    ``key.definitions``): the key, each name's digest, and the names whose definition is
-    inert (``_inert``)."""
+    ``key.definitions``): the key, each name's digest after the equivalences a proof may use
+    (``_proof_source``), and the names whose definition is inert (``_inert``)."""
     key = _key_module()
     package = Path(importlib.import_module("pe_bench").__file__).parent / "pretrained"
-    found = key.definitions(package)
+    paths = sorted(package.rglob("*.py")) if package.is_dir() else []
+    paths = [p for p in paths if p.relative_to(package) != Path("key.py")]
+    found: dict[str, list[str]] = {}
     inert = []
-    for path in package.rglob("*.py") if package.is_dir() else []:
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+    for path in paths:
+        source = path.read_text(encoding="utf-8")
+        for name, tree in key.module_definitions(_proof_source(source, key)):
+            found.setdefault(name, []).append(tree)
+        for node in ast.parse(source).body:
             inert += key.defined_names(node) if _inert(node) else []
+    found = {name: sorted(trees) for name, trees in found.items()}
     return {
-        "key": key.code_key(found),
+        "key": key.pretrained_key(package) if package.is_dir() else None,
         "each": {name: key.code_key({name: trees}) for name, trees in found.items()},
         "inert": sorted(set(inert)),
     }
+
+
+def _proof_source(source: str, key: Any) -> str:
+    """``source`` without log lines anywhere, and with a loop counter that only they read
+    dropped: ``for i, x in enumerate(xs)`` is ``for x in xs`` (the same items in the same
+    order; 1199a25 numbered the passkey trials for a log line)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            body = getattr(node, field, None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
+                kept = [stmt for stmt in body if not key.unkeyed_statement(stmt)]
+                setattr(node, field, kept or ([ast.Pass()] if field == "body" else []))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.For) and _unread_counter(node):
+            node.target, node.iter = node.target.elts[1], node.iter.args[0]
+    return ast.unparse(tree)
+
+
+def _unread_counter(loop: ast.For) -> bool:
+    """Whether ``loop`` is ``for i, x in enumerate(xs[, start])`` with ``i`` read nowhere."""
+    call, target = loop.iter, loop.target
+    if not (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id == "enumerate"
+        and 1 <= len(call.args) <= 2
+        and not call.keywords
+        and isinstance(target, ast.Tuple)
+        and len(target.elts) == 2
+        and isinstance(target.elts[0], ast.Name)
+    ):
+        return False
+    counter = target.elts[0].id
+    body = [*loop.body, *loop.orelse]
+    return not any(isinstance(n, ast.Name) and n.id == counter for s in body for n in ast.walk(s))
 
 
 def _inert(node: ast.stmt) -> bool:

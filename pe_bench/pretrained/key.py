@@ -65,7 +65,7 @@ def module_definitions(source: str) -> list[tuple[str, str]]:
     that is not an import, a docstring or a log line (``_normalised``)."""
     found = []
     for node in ast.parse(source).body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)) or _unkeyed(node):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or unkeyed_statement(node):
             continue
         tree = _normalised(node)
         names = defined_names(node) or [STATEMENTS]
@@ -94,7 +94,7 @@ def _names(target: ast.expr) -> list[str]:
     return []
 
 
-def _unkeyed(node: ast.AST) -> bool:
+def unkeyed_statement(node: ast.AST) -> bool:
     """A docstring, or a log line (``log.info(...)``): neither computes a number."""
     if not isinstance(node, ast.Expr):
         return False
@@ -116,7 +116,7 @@ def _normalised(node: ast.AST) -> str:
         for field in ("body", "orelse", "finalbody"):
             body = getattr(inner, field, None)
             if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
-                kept = [stmt for stmt in body if not _unkeyed(stmt)]
+                kept = [stmt for stmt in body if not unkeyed_statement(stmt)]
                 setattr(inner, field, kept or ([ast.Pass()] if field == "body" else []))
     return json.dumps(_tree(node))
 

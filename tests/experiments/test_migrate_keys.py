@@ -53,3 +53,25 @@ def test_an_old_commit_s_code_proves_the_numbers_unless_edited(
     old = code_of(migrate, monkeypatch, tmp_path / "old")
     new = code_of(migrate, monkeypatch, tmp_path / "new", edit)
     assert migrate.compare(old, new)[0] is same
+
+
+LOOPS = {
+    "plain": (
+        "def run(xs):\n    out = []\n    for x in xs:\n        out.append(x)\n    return out\n"
+    ),
+    "logged": (
+        "def run(xs):\n    out = []\n    for n, x in enumerate(xs, 1):\n        out.append(x)\n"
+        "        log.info('trial %d', n)\n    return out\n"
+    ),
+    "read": (
+        "def run(xs):\n    out = []\n    for n, x in enumerate(xs, 1):\n        out.append(n * x)\n"
+        "    return out\n"
+    ),
+}
+
+
+def test_a_loop_counter_read_by_log_lines_alone_is_compared_out(migrate):
+    from pe_bench.pretrained import key
+
+    proof = {name: migrate._proof_source(source, key) for name, source in LOOPS.items()}
+    assert proof["plain"] == proof["logged"] != proof["read"]

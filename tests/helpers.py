@@ -49,6 +49,7 @@ TRAINABLE = [
     "ssmax_alibi",
     "fox",
     "stickbreaking",
+    "pope",
 ]
 VARIANTS = [
     "pi",
@@ -109,6 +110,7 @@ RELATIVE = [
     "longrope",
     "dape_kerple",
     "dape_alibi",
+    "pope",
 ]
 NOT_RELATIVE = [
     "nope",

@@ -219,17 +219,17 @@ def test_flex_evaluation_equals_sdpa_and_auto_keeps_sdpa_on_the_cpu(monkeypatch)
     SDPA; model.attention=auto never takes it on the CPU, however long the window (the masks
     of cache-sized chunks were measured faster there), nor while gradients are on."""
     from pe_bench.model import attention
-    from pe_bench.model import gpt as model_module
 
     from .helpers import tiny_model
 
     calls = []
+    real = attention.flex_attention
 
     def counted(*args, **kwargs):
         calls.append(args[0].shape[-2])
-        return attention.flex_attention(*args, **kwargs)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(model_module, "flex_attention", counted)
+    monkeypatch.setattr(attention, "flex_attention", counted)
     monkeypatch.setattr(attention, "SHARED_MASK_BUDGET", 4 * 100**2)
     model = tiny_model("alibi")
     assert model.cfg.attention == "auto"
@@ -339,7 +339,7 @@ def test_explicit_path_equals_the_fused_one(fused, explicit, budget, monkeypatch
     calls = []
     real = attention.explicit_attention
     monkeypatch.setattr(
-        "pe_bench.model.gpt.explicit_attention", lambda *a: calls.append(1) or real(*a)
+        "pe_bench.model.attention.explicit_attention", lambda *a: calls.append(1) or real(*a)
     )
     with torch.no_grad():
         expected = tiny_model(fused)(idx)

@@ -58,6 +58,7 @@ def test_every_built_in_scheme_conforms(name):
         (broken_pe.HidesItself, "attention_mask", "hides query 0 from its own key"),
         (broken_pe.FirstRowsMask, "attention_mask", "the queries are the last s_q keys"),
         (broken_pe.WrongKeyBias, "key_bias", "minus key_bias varies by .* along a query's row"),
+        (broken_pe.LateLeak, "attend", "first 65 of 195 tokens attended alone differ"),
     ],
     ids=lambda x: x.__name__ if isinstance(x, type) else None,
 )
@@ -72,6 +73,17 @@ def test_leaky_plugin_fails_only_causality():
     with pytest.raises(AssertionError, match="FAIL causality: .* leaks future tokens") as err:
         assert_conforms(broken_pe.LeaksFuture)
     assert str(err.value).count("FAIL") == 1
+
+
+def test_a_scheme_that_attends_itself_conforms_and_is_checked_past_four_blocks():
+    """The attend check runs where a scheme overrides attend, at 3x training and past 4x; the
+    late leak passes the model's causality check (48 tokens) and fails it."""
+    report = assert_conforms("input_gate", plugin="tests.plugins.input_gate")
+    assert report["attend"].status == PASS and "lengths 48, 195" in report["attend"].reason
+    assert report["query_chunks"].status == SKIP
+    leaky = check_scheme(broken_pe.LateLeak)
+    assert leaky["causality"].status == PASS and leaky["attend"].status == FAIL
+    assert check_scheme("rope")["attend"].status == SKIP
 
 
 def test_options_and_limits_are_checked():
@@ -97,7 +109,7 @@ def test_console_script_fails_a_broken_plugin():
     assert "FAIL relative: declares relative = True" in proc.stdout
     assert "PASS causality" in proc.stdout
     assert "FAIL score_mod: score_mod and score_bias differ" in proc.stdout  # its consequence
-    assert "broken_fake_relative: 2 of 15 checks failed" in proc.stdout
+    assert "broken_fake_relative: 2 of 16 checks failed" in proc.stdout
 
 
 def test_main_parses_options_and_exits_by_outcome(capsys):

@@ -162,7 +162,7 @@ def test_relative_biases_are_copied_from_a_table(name, monkeypatch):
     calls = []
     real = attention.distance_attention
     monkeypatch.setattr(
-        "pe_bench.model.gpt.distance_attention", lambda *a: calls.append(1) or real(*a)
+        "pe_bench.model.attention.distance_attention", lambda *a: calls.append(1) or real(*a)
     )
     with torch.no_grad():
         model_of(name).eval()(torch.randint(0, 256, (2, LENGTH)))

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from pe_bench.errors import UserError
-from pe_bench.model import gpt
+from pe_bench.model import attention
 from pe_bench.model.attention import attention_path
 from pe_bench.model.gpt import ModelConfig
 
@@ -63,12 +63,38 @@ def test_the_model_attends_on_the_path_attention_path_names(name, make, monkeypa
     model = make(name)
     taken = []
     for path, function in PATH_FUNCTIONS.items():
-        real = getattr(gpt, function)
+        real = getattr(attention, function)
         spy = lambda *a, _path=path, _real=real, **k: taken.append(_path) or _real(*a, **k)  # noqa: E731
-        monkeypatch.setattr(gpt, function, spy)
+        monkeypatch.setattr(attention, function, spy)
     with torch.no_grad():
         model(torch.randint(0, 256, (1, 48)))  # 3x the training length: variants are active
     assert set(taken) == {attention_path(model.pe)}
+
+
+def test_a_scheme_that_attends_itself_gets_each_layers_normed_input(monkeypatch):
+    """attend replaces every attention path (no fused function is called), once per layer,
+    with the block's ln1 output as x; every built-in scheme keeps its own path."""
+    from .plugins import input_gate  # noqa: F401  (registers input_gate)
+
+    model = tiny_model("input_gate")
+    assert attention_path(model.pe) == "scheme"
+    for function in PATH_FUNCTIONS.values():
+        monkeypatch.setattr(attention, function, lambda *a, **k: pytest.fail("a fused path ran"))
+    seen, normed = [], []
+    real = model.pe.attend
+    monkeypatch.setattr(model.pe, "attend", lambda x, *a: seen.append((x, a[-1])) or real(x, *a))
+    for block in model.blocks:
+        block.ln1.register_forward_hook(lambda m, i, out: normed.append(out))
+    x = torch.randint(0, 256, (2, 20))
+    with torch.no_grad():
+        logits = model(x)
+    assert [layer for _, layer in seen] == [0, 1]
+    assert all(torch.equal(got, want) for (got, _), want in zip(seen, normed, strict=True))
+    assert torch.isfinite(logits).all()
+    with torch.no_grad():  # the gate reads x: the output depends on it
+        model.pe.gate.zero_()
+        assert not torch.allclose(model(x), logits)
+    assert not any(tiny_model(n).pe.has_own_attention for n in FAST_LANE if n not in VARIANTS)
 
 
 def test_trunk_initialisation_is_the_same_for_every_scheme():

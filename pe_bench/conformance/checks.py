@@ -81,11 +81,17 @@ def check_hook_outputs(setup: Setup, device: torch.device, dtype: torch.dtype) -
     x = torch.randn(2, s, d.d_model, device=device, dtype=dtype)
     q, k = qk(setup, s, s, device=device, dtype=dtype)
     tq, tk = scheme.transform_qk(q, k, pos, pos, 0)
-    for hook, out, expected in (("embed", scheme.embed(x, pos), x), ("transform_qk", tq, q)):
-        if out.shape != expected.shape or out.dtype != dtype or out.device.type != device.type:
+    width = tq.shape[-1]  # transform_qk may widen q and k alike (PoPE: real, imaginary parts)
+    outputs = (
+        ("embed", scheme.embed(x, pos), x.shape),
+        ("transform_qk", tq, (*q.shape[:-1], width)),
+        ("transform_qk", tk, (*k.shape[:-1], width)),
+    )
+    for hook, out, shape in outputs:
+        if out.shape != shape or out.dtype != dtype or out.device.type != device.type:
             raise Failed(
                 f"{where}: {hook} gave {out.dtype} {tuple(out.shape)} on {out.device}, "
-                f"expected {dtype} {tuple(expected.shape)} on {device.type}"
+                f"expected {dtype} {tuple(shape)} on {device.type}"
             )
     bias = scheme.score_bias(tq, tk, pos, pos, 0)
     if bias is not None:
@@ -137,6 +143,8 @@ def check_devices_dtypes(setup: Setup) -> str:
 
 def check_query_chunks(setup: Setup) -> str:
     scheme, s, pos = scheme_under_test(setup)
+    if scheme.has_own_attention:
+        raise Skipped("attends itself (attend): the model never passes queries alone")
     s_q = max(1, s // 3)
     q, k = qk(setup, s, s)
     for layer in range(setup.dims.num_layers):

@@ -33,6 +33,10 @@ PATHS = {
         "(fused SDPA, no mask); a content-free relative bias gets its masks from a table by "
         "distance and a FlexAttention score_mod by itself (declare relative = True)"
     ),
+    "scheme": (
+        "the scheme's own attention (attend, from the layer's input): no fused path unless "
+        "the scheme's attend takes one; a term added to the logits belongs in score_bias"
+    ),
     "explicit": (
         "explicit float32 attention (modify_logits or attention_weights): every fused path is "
         "off; a term that only adds to the logits belongs in score_bias, a factor per query "

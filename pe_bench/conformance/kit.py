@@ -39,6 +39,9 @@ every term to count, e.g. zero-initialised tables) and verify:
   sliding-window attention), the mask is bool ``[s_q, s_k]``, keeps every query's own key
   (else its row has nothing to attend), gives the same rows for query chunks, and does not
   move with the positions where the scheme declares ``relative``;
+- ``attend``: where a scheme computes the attention itself from the layer's input, it gives
+  ``[b, n_h, s, h_d]`` in v's dtype, finite, and the first t rows of a window are those of its
+  first t tokens attended alone (at 3x training and at an odd length past 4x);
 - ``content_bias``: a bias declared content-free does not change with q and k (a fast path may
   cache it), and has no batch dimension;
 - ``shared_bias``: a bias declared shared (``shared_bias = True``) is the same in every layer,
@@ -64,6 +67,7 @@ from typing import Any
 
 import torch
 
+from pe_bench.conformance.attend import check_attend
 from pe_bench.conformance.checks import (
     check_attention_mask,
     check_build,
@@ -146,6 +150,7 @@ CHECKS: dict[str, Callable[[Setup], str]] = {
     "relative": check_relative,
     "logit_hooks": check_logit_hooks,
     "attention_mask": check_attention_mask,
+    "attend": check_attend,
     "content_bias": check_content_bias,
     "shared_bias": check_shared_bias,
     "score_mod": check_score_mod,

@@ -27,6 +27,7 @@ from pe_bench.positions import (  # noqa: F401  (importing registers the built-i
     fire,
     gates,
     logits,
+    polar,
     randomized,
     relative,
     rerope,

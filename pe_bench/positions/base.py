@@ -83,6 +83,15 @@ class PositionScheme(nn.Module):
       has no softmax). Overriding it moves the scheme off the fused causal kernel and off
       FlexAttention, to the float-mask path (or the explicit one, with the hooks above).
 
+    One more replaces the attention itself, for a scheme whose attention reads the layer's
+    input and is no logit term (PaTH's Householder transforms of the keys):
+
+    - ``attend(x, q, k, v, pos, layer)``: the attention output ``[b, n_h, s, h_d]`` from the
+      layer's normed input ``x`` ``[b, s, d]`` and its queries, keys and values (q and k after
+      ``transform_qk``). Overriding it sends the scheme down its own path (``has_own_attention``):
+      the model calls none of the hooks above for the logits, and every other scheme keeps its
+      fused path.
+
     A scheme whose ``score_bias`` is a fast path also defines ``score_bias_reference`` with
     the same signature: the formula written out, which the conformance kit
     (``pe_bench.conformance.kit``) holds equal to the fast path on every unmasked entry.
@@ -178,6 +187,12 @@ class PositionScheme(nn.Module):
         """True when the scheme hides keys the causal rule allows (``attention_mask``), which
         rules out the fused causal path and FlexAttention's."""
         return type(self).attention_mask is not PositionScheme.attention_mask
+
+    @property
+    def has_own_attention(self) -> bool:
+        """True when the scheme computes the attention itself (``attend``), from the layer's
+        input: the model then calls ``attend`` in place of every attention path."""
+        return type(self).attend is not PositionScheme.attend
 
     @property
     def has_key_bias(self) -> bool:
@@ -321,12 +336,24 @@ class PositionScheme(nn.Module):
         (True: may attend; each query's own key must stay), or None for every earlier key."""
         return None
 
+    def attend(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, layer: int) -> Tensor:
+        """The attention output ``[b, n_h, s, h_d]`` of one layer, computed by the scheme from
+        the layer's normed input ``x`` ``[b, s, d]`` (what q, k and v were projected from) and
+        q, k (after ``transform_qk``), v ``[b, n_h, s, h_d]`` at positions ``pos`` ``[s]``.
+        Query i may attend keys j <= i only. Override it only where the attention is no logit
+        term of q and k (PaTH reads x to transform the keys between every pair of tokens):
+        the model then calls it in place of every fused path (``has_own_attention``)."""
+        raise NotImplementedError(f"scheme {self.name!r} does not compute its own attention")
+
     # ---- finer hooks composed by transform_qk --------------------------------------------
 
     def rotate(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
     ) -> tuple[Tensor, Tensor]:
-        """Rotate or rescale queries ``[b, n_h, s_q, h_d]`` and keys ``[b, n_h, s_k, h_d]``."""
+        """Rotate or rescale queries ``[b, n_h, s_q, h_d]`` and keys ``[b, n_h, s_k, h_d]``.
+        Both may come back widened to one other width (PoPE: ``[.., 2 h_d]``): the model pads
+        v with zeros to it and keeps the output's first h_d columns; q . k is then divided by
+        the square root of that width."""
         return q, k
 
     def logit_scale(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor | None:

@@ -20,11 +20,12 @@ The key is a hash of two parts:
   (3x) the training length, query chunks included: the positions, ``embed``, and for every
   layer the attention weights that ``transform_qk`` (``rotate``, ``logit_scale``),
   ``score_bias``/``logit_bias``, ``modify_logits``, ``attention_mask`` and
-  ``attention_weights`` give; a RoPE variant's ``frequencies`` and ``attention_factor`` too
-  (what a pretrained model receives); the state dict's names and shapes and the declared
-  flags. So an edit of a formula anywhere (a helper function or module, ``base.py``'s
-  defaults) changes the key when it changes what the hooks compute, and a refactor that
-  computes the same numbers does not.
+  ``attention_weights`` give, and for a scheme that attends itself (``attend``) its output on
+  fixed layer inputs, queries, keys and values; a RoPE variant's ``frequencies`` and
+  ``attention_factor`` too (what a pretrained model receives); the state dict's names and
+  shapes and the declared flags. So an edit of a formula anywhere (a helper function or
+  module, ``base.py``'s defaults) changes the key when it changes what the hooks compute,
+  and a refactor that computes the same numbers does not.
 
 The numbers are made the same on every machine: the probe runs on the CPU in float64 (a
 scheme's own float32 casts are widened while the key is computed, ``Float64``), its inputs and
@@ -278,6 +279,10 @@ def _probe(
         for s_q in (s, CHUNK) if s > CHUNK else (s,):
             weights = _weights(scheme, q[:, :, s - s_q :], k, pos[s - s_q :], pos, layer)
             out.add(f"{label} layer {layer} queries {s_q}", weights)
+        if getattr(scheme, "has_own_attention", False):  # only such schemes: other keys stay
+            x, v = _inputs((1, s, dims.d_model), s, layer, 3), _inputs(shape, s, layer, 4)
+            tq, tk = scheme.transform_qk(q, k, pos, pos, layer)
+            out.add(f"{label} layer {layer} attend", scheme.attend(x, tq, tk, v, pos, layer))
 
 
 def _weights(

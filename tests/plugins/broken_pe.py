@@ -204,6 +204,18 @@ class WrongKeyBias(PositionScheme):
         return k.float().sum(-1).cumsum(-1)
 
 
+@register("broken_attend")
+class LateLeak(PositionScheme):
+    """Attends itself, causally, except that from token 64 on every query also sees the
+    window's last token: a leak that the model's causality check at 48 tokens cannot see."""
+
+    def attend(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, layer: int) -> Tensor:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        late = torch.zeros_like(out)
+        late[..., 64:, :] = v[..., -1:, :]
+        return out + late
+
+
 @register("broken_nan")
 class AllNaN(PositionScheme):
     """Claims ``relative = True``; its bias is NaN everywhere, so are the model's outputs."""

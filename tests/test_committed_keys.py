@@ -59,7 +59,6 @@ def test_every_committed_record_is_fresh_for_todays_code(monkeypatch):
     assert stale == [], "stale: run python experiments/migrate_keys.py (its docstring says why)"
 
 
-
 @pytest.mark.slow  # 15 s
 def test_a_committed_record_recomputed_by_todays_code_gives_its_numbers(tmp_path):
     """The sample job trained and evaluated again from its config.yaml: the same numbers

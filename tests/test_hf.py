@@ -305,5 +305,3 @@ def test_the_weights_key_is_the_files_bytes_or_the_hub_commit(tmp_path, monkeypa
     hub = type("Config", (), {"_commit_hash": "abc123"})()
     monkeypatch.setattr(load, "load_config", lambda cfg: hub)
     assert key.weights_key(PretrainedConfig(name="org/model", revision="v1")) == "commit:abc123"
-
-

@@ -80,15 +80,11 @@ class Plan:
     tasks: list[EvalTask]  # of the trained model: perplexity (or a task's accuracy), then probes
     n_targets: int  # eval targets (a task's instances), the same at every length
     finetunes: list[Finetune]
+    pe_source: str  # the key of the trained scheme's code (``positions.scheme_key``)
 
     @property
     def run_id(self) -> str:
         return f"{self.scheme.name}-{self.cfg.run_hash}"
-
-    @property
-    def pe_source(self) -> str:
-        """The key of the trained scheme's code (``positions.scheme_key``)."""
-        return scheme_key(self.cfg.pe, self.scheme.dims)
 
     @property
     def run_ids(self) -> list[str]:
@@ -158,7 +154,10 @@ def plan(cfg: DictConfig | RunConfig) -> Plan:
     )
     run_id = f"{scheme.name}-{run_cfg.run_hash}"
     finetunes = _finetunes(run_cfg, scheme, lengths, run_id, modes, n_targets)
-    return Plan(run_cfg, scheme, device, tasks, n_targets, finetunes)
+    # keyed now, not when the data is loaded: a scheme whose hooks fail on the key's probe (a
+    # broken plugin) is refused before any job of a sweep starts
+    pe_source = scheme_key(run_cfg.pe, scheme.dims)
+    return Plan(run_cfg, scheme, device, tasks, n_targets, finetunes, pe_source)
 
 
 def with_probes(tasks: list[EvalTask], cfg: RunConfig) -> list[EvalTask]:

@@ -270,3 +270,21 @@ def commands(root: Path) -> list[str]:
             lines = []
         found += [line for line in lines if line not in found]
     return found
+
+
+def check_output_folder(option: str, folder: str | Path) -> None:
+    """Refuse a folder that ``option`` (``--out``, ``--latex``, ``--site``) names where nothing
+    can be written (a file, a file on its path, a read-only folder), naming the option, before
+    the report writes anything; nothing is made here."""
+    path = Path(folder).expanduser()
+    found = path
+    while not found.exists() and found != found.parent:
+        found = found.parent
+    if not found.is_dir():
+        where = "is a file" if found == path else f"cannot be made: {found} is a file"
+        raise UserError(f"{option} {str(folder)!r} {where}; allowed: a folder, new or existing")
+    if not os.access(found, os.W_OK | os.X_OK):
+        raise UserError(
+            f"{option} {str(folder)!r}: {found} cannot be written to; allowed: a folder you "
+            "can write to"
+        )

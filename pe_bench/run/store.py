@@ -47,9 +47,10 @@ BYTES = ByteTokenizer.fingerprint  # the tokenizer of records that name none
 CHECKPOINT = "checkpoint.pt"  # the trained model's; a fine-tune's is checkpoint-<key>.pt
 LOCK = ".lock"  # held (flock) by the run that owns the folder; reports read records only
 FAILED = "error.txt"  # why a sweep's job failed, written and removed under the job's lock
+DONE = ".done"  # the sweeps that ended the job, their progress across processes (run.sweep)
 # Temporary files of this folder's own writes (``atomic_write_text``, ``save_checkpoint``):
 # ".<name>.<random>.tmp", and ".checkpoint.pt.tmp" as older versions named it.
-STRAYS = [f".{name}.*tmp" for name in (RECORDS, POSITIONS, CURVE, "config.yaml")] + [
+STRAYS = [f".{name}.*tmp" for name in (RECORDS, POSITIONS, CURVE, "config.yaml", DONE)] + [
     ".checkpoint*.pt.*tmp"
 ]
 

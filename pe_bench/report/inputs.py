@@ -153,6 +153,22 @@ class Report:
     latex: list[Path] = field(default_factory=list)  # the tables/*.tex it wrote
     tasks: list[str] = field(default_factory=list)  # a synthetic-task report's tasks
 
+    def where(self, root: Path, site: Path | None = None) -> str:
+        """Where the report's files are, absolute (a run's last lines), and the command that
+        makes a site of the records under ``root`` (or the ``site`` written)."""
+        folder = self.path.parent.resolve()
+        names = ", ".join(sorted(path.stem for path in self.figures.values()))
+        lines = [
+            f"report: {self.path.resolve()}",
+            f"figures: {folder / 'figures'} ({names}; PNG and PDF)",
+            f"tables: {folder / 'tables'} (Markdown, CSV and LaTeX)",
+            f"site: {site.resolve() / 'index.html'}"
+            if site
+            else f"site: pe-bench-report {shlex.quote(str(Path(root).resolve()))} --site "
+            f"{shlex.quote(str(folder / 'site'))} writes it",
+        ]
+        return "\n".join(lines if self.figures else [lines[0], *lines[2:]])
+
 
 def load_rows(root: Path, name: str) -> pd.DataFrame:
     """Every row of every ``name`` JSON-lines file under ``root``, in sorted file order."""

@@ -57,16 +57,28 @@ def step_seconds(plan: Plan, train: TrainConfig) -> float:
 def training_seconds(plans: Sequence[Plan]) -> tuple[float, list[float]]:
     """Estimated seconds of training of every plan and its fine-tunes, and the measured step
     times (one measurement per distinct model and training setting)."""
-    measured: dict[str, float] = {}
+    measured: dict[str, float | None] = {}
     total = 0.0
     for plan in plans:
         settings = [plan.cfg.train, *(ft.train for ft in plan.finetunes)]
         for train in settings:
             key = repr((plan.cfg.model, plan.cfg.pe, train.batch_size, train.seq_len))
             if key not in measured:
-                measured[key] = step_seconds(plan, train)
-            total += measured[key] * train.steps
-    return total, list(measured.values())
+                try:
+                    measured[key] = step_seconds(plan, train)
+                except Exception:  # a plugin that fails in training: its job will say so
+                    measured[key] = None
+            total += (measured[key] or 0.0) * train.steps
+    return total, [seconds for seconds in measured.values() if seconds is not None]
+
+
+SHORT = 100  # training steps a job: a sweep of such jobs starts without an estimate
+
+
+def worth_estimating(plans: Sequence[Plan]) -> bool:
+    """Whether a sweep trains long enough for an estimate (measuring costs a few steps a
+    model, as much as a job of a few steps)."""
+    return any(plan.cfg.train.steps > SHORT for plan in plans)
 
 
 def sweep_estimate(plans: Sequence[Plan]) -> str:
@@ -74,6 +86,8 @@ def sweep_estimate(plans: Sequence[Plan]) -> str:
     it depends on."""
     total, steps = training_seconds(plans)
     device = plans[0].device
+    if not steps:
+        return f"{len(plans)} jobs; no training step could be measured"
     return (
         f"{len(plans)} jobs, about {duration(total)} of training on {device_name(device)} "
         f"(measured {min(steps):.3g} to {max(steps):.3g} s a step; evaluation and the report "

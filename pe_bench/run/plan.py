@@ -23,7 +23,7 @@ import torch
 from omegaconf import DictConfig
 
 from pe_bench.config import config_hash
-from pe_bench.data.corpus import VOCAB_SIZE
+from pe_bench.data.corpus import VOCAB_SIZE, tokens_bound
 from pe_bench.data.tasks import build_task
 from pe_bench.errors import UserError
 from pe_bench.model.gpt import GPT, ModelConfig, check_attention, model_with_scheme, seeded_scheme
@@ -198,10 +198,26 @@ def _check_inputs(cfg: RunConfig) -> torch.device:
             dataclasses.replace(model, vocab_size=cfg.data["vocab_size"]),
             "data.vocab_size",
         )
+    check_corpus_length(cfg)
     check_step_memory(cfg.train, model, device, "train", vocab)
     for key, ft in cfg.finetunes.items():
         check_step_memory(ft.train_config(cfg.train), model, device, f"finetunes.{key}", vocab)
     return device
+
+
+def check_corpus_length(cfg: RunConfig) -> None:
+    """Refuse a training length the corpus cannot hold a window of (its size from its files,
+    ``corpus.tokens_bound``), before the memory check would suggest a smaller batch."""
+    bound = tokens_bound(cfg.data)
+    settings = [("train", cfg.train)]
+    settings += [(f"finetunes.{k}", ft.train_config(cfg.train)) for k, ft in cfg.finetunes.items()]
+    for where, train in settings:
+        if bound is not None and train.seq_len + 1 > bound:
+            raise UserError(
+                f"{where}.seq_len={train.seq_len:,} is longer than the corpus: data="
+                f"{cfg.data.get('source')} holds at most {bound:,} tokens, its train split "
+                f"fewer; allowed: a seq_len well below {bound:,}, or more data"
+            )
 
 
 def device_memory(device: torch.device) -> int:

@@ -244,6 +244,7 @@ def write_report(root: Path, config: DictConfig) -> bool:
         with report_lock(root, wait=True):
             try:
                 report = build_report(root, options=Options(compare=config.get("compare")))
+                print(f"\n{report.where(root)}", flush=True)
             except UserError as err:
                 log.error("no report: %s", err)
                 remove_stale_report(root)

@@ -125,7 +125,7 @@ def run_command(argv: list[str]) -> None:
         for note in command.notes:
             print(f"pe-bench: {note}", file=sys.stderr)
         if command.multirun and worth_estimating(command.plans):
-            print(f"pe-bench: estimate: {sweep_estimate(command.plans)}", file=sys.stderr)
+            print(f"pe-bench: estimate: {sweep_estimate(command.plans)}", flush=True)
     git_sha()  # records name the code loaded now, not a commit made while a sweep runs
     logging.raiseExceptions = False  # a log file on a full disk: no traceback per line
     asked = os.environ.get(FULL_ERROR)

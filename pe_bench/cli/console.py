@@ -7,6 +7,7 @@ is half-written either way: every file pe-bench writes replaces the old one whol
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import re
 import sys
@@ -44,3 +45,30 @@ def console(prog: str, rerun: str = RESUME) -> Iterator[None]:
         fresh_line = "\n" if sys.stderr.isatty() else ""  # after the terminal's ^C
         print(f"{fresh_line}{prog}: interrupted; {rerun}", file=sys.stderr)
         sys.exit(INTERRUPTED)
+
+
+def launch(prog: str, module: str, rerun: str = RESUME) -> None:
+    """A console script: ``module``'s ``main`` imported and run inside ``console``, so that a
+    Ctrl-C while its imports load (torch, Hydra: seconds) is one line too."""
+    with console(prog, rerun):
+        importlib.import_module(module).main()
+
+
+def pe_bench() -> None:
+    """``pe-bench`` (``cli.bench``)."""
+    launch("pe-bench", "pe_bench.cli.bench")
+
+
+def pe_bench_report() -> None:
+    """``pe-bench-report`` (``cli.report``)."""
+    launch("pe-bench-report", "pe_bench.cli.report", "rerun it to write the report")
+
+
+def pe_bench_check() -> None:
+    """``pe-bench-check`` (``cli.check``)."""
+    launch("pe-bench-check", "pe_bench.cli.check", "rerun it to check again")
+
+
+def pe_bench_place() -> None:
+    """``pe-bench-place`` (``cli.place``)."""
+    launch("pe-bench-place", "pe_bench.cli.place")

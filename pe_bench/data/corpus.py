@@ -208,7 +208,8 @@ def empty_split(name: str, cfg: Mapping[str, Any], split: str, size: int) -> str
     if frac and size * frac < 1:  # split by bytes: too little text for a byte of the split
         least = max(-(-1 // float(cfg.get(f"{s}_frac", 0.05))) for s in ("valid", "test"))
         return (
-            f"{where} holds {size:,} bytes: data.{split}_frac={frac:g} of them is less than one, "
+            f"{where} holds {size:,} byte{'' if size == 1 else 's'}: data.{split}_frac={frac:g} "
+            "of them is less than one, "
             f"so the {split} split is empty; allowed: a text of at least {int(least):,} bytes "
             "(and enough for training windows of train.seq_len + 1 tokens)"
         )
@@ -219,8 +220,8 @@ def empty_split(name: str, cfg: Mapping[str, Any], split: str, size: int) -> str
 
 
 def tokens_bound(cfg: Mapping[str, Any]) -> int | None:
-    """At most how many tokens the corpus holds, from its files' sizes without reading them
-    (a token is at least a byte): what a training length is checked against before any data
+    """The corpus's bytes, from its files' sizes without reading them: at most as many tokens
+    (a token is at least a byte), what a training length is checked against before any data
     is read. None where it is not known (a dataset of the hub, a synthetic task)."""
     return _tokens_bound(cfg.get("source"), str(cfg.get("path")), str(cfg.get("glob")))
 
@@ -234,7 +235,7 @@ def _tokens_bound(source: str, path: str, pattern: str) -> int | None:
         files = [root] if root.is_file() else [p for p in root.glob(pattern) if p.is_file()]
     else:
         return None
-    return sum(path.stat().st_size + 1 for path in files)
+    return sum(path.stat().st_size for path in files) + max(len(files) - 1, 0)  # "\n"-joined
 
 
 def stdlib_paths() -> list[Path]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import math
 import os
 from dataclasses import dataclass
 from functools import partial
@@ -208,15 +209,23 @@ def _check_inputs(cfg: RunConfig) -> torch.device:
 def check_corpus_length(cfg: RunConfig) -> None:
     """Refuse a training length the corpus cannot hold a window of (its size from its files,
     ``corpus.tokens_bound``), before the memory check would suggest a smaller batch."""
-    bound = tokens_bound(cfg.data)
+    size = tokens_bound(cfg.data)
     settings = [("train", cfg.train)]
     settings += [(f"finetunes.{k}", ft.train_config(cfg.train)) for k, ft in cfg.finetunes.items()]
     for where, train in settings:
-        if bound is not None and train.seq_len + 1 > bound:
+        if size is not None and train.seq_len + 1 > size:
+            path = cfg.data.get("path")
+            corpus = f"data.path={path!r}" if path else f"data={cfg.data.get('source')}"
+            share = (
+                1 - float(cfg.data.get("valid_frac", 0.05)) - float(cfg.data.get("test_frac", 0.05))
+            )
+            least = math.ceil(round((train.seq_len + 2) / share, 6))  # 18 / 0.8999..: 20
             raise UserError(
-                f"{where}.seq_len={train.seq_len:,} is longer than the corpus: data="
-                f"{cfg.data.get('source')} holds at most {bound:,} tokens, its train split "
-                f"fewer; allowed: a seq_len well below {bound:,}, or more data"
+                f"{where}.seq_len={train.seq_len:,} is longer than the corpus: {corpus} holds "
+                f"{size:,} byte{'' if size == 1 else 's'}, at most as many tokens; allowed: a "
+                f"text of at least "
+                f"{least:,} bytes (windows of seq_len + 1 tokens in its train split), or a "
+                "shorter seq_len"
             )
 
 

@@ -102,10 +102,9 @@ def test_a_corpus_too_small_to_split_is_one_line_and_nothing_is_made(tmp_path):
     proc = pe_bench("data=text", f"data.path={tmp_path / 'one.txt'}", *TINY, out=tmp_path / "o")
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[-1] == (
-        f"pe-bench: error: data.path='{tmp_path / 'one.txt'}' holds 1 bytes: "
-        "data.valid_frac=0.05 of them is less than one, so the valid split is empty; allowed: "
-        "a text of at least 20 bytes (and enough for training windows of train.seq_len + 1 "
-        "tokens)"
+        f"pe-bench: error: train.seq_len=16 is longer than the corpus: data.path="
+        f"'{tmp_path / 'one.txt'}' holds 1 byte, at most as many tokens; allowed: a text of at "
+        "least 20 bytes (windows of seq_len + 1 tokens in its train split), or a shorter seq_len"
     )
     assert not (tmp_path / "o").exists()
 
@@ -125,7 +124,18 @@ def test_a_sweep_names_a_job_that_fails_and_reports_the_others(tmp_path):
     report = tmp_path / "default" / "report.md"
     assert report.exists() and "nope" in report.read_text()
     assert re.search(r"pe-bench: estimate: 2 jobs, about .* of training on cpu", log)
-    assert log.index("pe-bench: estimate:") < log.index("sweep: job 1 of 2")
+    assert proc.stdout.index("pe-bench: estimate:") < proc.stdout.index("sweep: job 1 of 2")
     folder = next(p for p in (tmp_path / "default").iterdir() if "train_raises" in p.name)
     assert "RuntimeError: the plugin fails in training" in (folder / "cli.log").read_text()
     shutil.rmtree(tmp_path)
+
+
+def test_a_split_left_empty_names_the_text_and_its_least_size():
+    from pe_bench.data.corpus import empty_split
+
+    cfg = {"source": "text", "path": "one.txt", "valid_frac": 0.05, "test_frac": 0.05}
+    assert empty_split("text:one.txt", cfg, "valid", 3) == (
+        "data.path='one.txt' holds 3 bytes: data.valid_frac=0.05 of them is less than one, so "
+        "the valid split is empty; allowed: a text of at least 20 bytes (and enough for training "
+        "windows of train.seq_len + 1 tokens)"
+    )

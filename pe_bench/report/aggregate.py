@@ -383,6 +383,32 @@ def position_loss(positions: pd.DataFrame, df: pd.DataFrame, per_octave: int = 4
     return pd.DataFrame(rows, columns=columns)
 
 
+def position_intervals(positions: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
+    """Loss by bucket of positions with a 95% t-interval over windows, per (label, eval
+    length), from the rows that keep each window's loss by bucket (``window_loss``: the
+    truncate mode's documents, ``pretrained.truncate``), pooled over the runs of ``df``; the
+    buckets are ``log_buckets``'s. Columns: label, eval_len, position (the bucket's mean
+    position), windows, loss, ci_low, ci_high; empty without such rows."""
+    columns = ["label", "eval_len", "position", "windows", "loss", "ci_low", "ci_high"]
+    if positions.empty or "window_loss" not in positions:
+        return pd.DataFrame(columns=columns)
+    keys = ["run_id", "variant", "eval_len", "mode"]
+    runs = df.dropna(subset=["eval_len"]).astype({"eval_len": int})[[*keys, "label"]]
+    kept = positions.dropna(subset=["window_loss"]).drop(columns="label", errors="ignore")
+    kept = kept.merge(runs.drop_duplicates(), on=keys)
+    rows = []
+    for lab in label_order(df):
+        for length, cell in kept[kept["label"] == lab].groupby("eval_len"):
+            windows = [w for run in cell["window_loss"] for w in run]  # [windows][buckets]
+            edges = log_buckets(int(length))
+            for i, (lo, hi) in enumerate(itertools.pairwise(edges)):
+                values = [w[i] for w in windows if w[i] is not None]
+                if values:
+                    n, mean, low, high = t_interval(values)
+                    rows.append([lab, int(length), np.arange(lo, hi).mean(), n, mean, low, high])
+    return pd.DataFrame(rows, columns=columns)
+
+
 def training_curves(curve: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
     """Training and validation loss by step per trained (or fine-tuned) model of ``df``, mean
     and 95% CI over seeds. Columns: label (the scheme, or ``scheme:finetune`` for a fine-tuning

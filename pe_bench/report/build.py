@@ -39,9 +39,10 @@ from pe_bench.records import (
     PROBES,
     TASK_MODE,
     atomic_write_text,
+    is_ruler,
     load_records,
 )
-from pe_bench.report import aggregate, compare, cost, figures, latex, probes
+from pe_bench.report import aggregate, compare, cost, figures, latex, probes, protocols
 from pe_bench.report.aggregate import METRICS
 from pe_bench.report.best import legend, score_marks, value_marks
 from pe_bench.report.figures import TITLES
@@ -57,6 +58,7 @@ from pe_bench.report.inputs import (
 )
 from pe_bench.report.markdown import SKIPPED_NOTE, caption, write_csv
 from pe_bench.report.passkey import section as passkey_section
+from pe_bench.report.ruler import section as ruler_section
 from pe_bench.report.sections import (
     comparison_latex,
     comparison_markdown,
@@ -98,8 +100,9 @@ def build_report(
         check_one_kind(root, checked)
         return build_task_report(root, out, checked, options, echo)
     published = [compare.load_published(name) for name in options.compare]
-    # probe and passkey records: their own sections
-    perplexity = checked[~checked["mode"].isin([*PROBES, PASSKEY_MODE])]
+    # probe, passkey and RULER records: their own sections
+    retrieval = checked["mode"].isin([*PROBES, PASSKEY_MODE]) | checked["mode"].map(is_ruler)
+    perplexity = checked[~retrieval]
     if perplexity.empty:  # every run owes perplexity: this one stopped before it
         kinds = ", ".join(sorted(checked["mode"].unique()))
         raise UserError(
@@ -115,9 +118,7 @@ def build_report(
     metrics = ["bpb"] if report.tokenizers else METRICS
     stats = {metric: aggregate.seed_stats(df, metric) for metric in metrics}
     if published:
-        ppl = stats["ppl"]
-        if "pretrained" in df and df["pretrained"].fillna(False).all():
-            ppl = compare.as_rope(ppl, str(df["scheme"].iloc[0]))  # model=hf: rope, rope+yarn
+        ppl = protocols.protocol_stats(perplexity, df, stats["ppl"], options.schemes)
         report.comparisons = compare.compare_all(ppl, training_length(df), published)
     ratio = aggregate.ratio_table(stats[options.metric], options.baseline)
     per_byte = df.assign(nll=df["bpb"] * math.log(2)) if report.tokenizers else df
@@ -135,6 +136,8 @@ def build_report(
         report.latex += probes.write(report.context, out, figures.styles(aggregate.label_order(df)))
         report.passkey = passkey_section(checked, out)
         report.latex += [out / "tables" / "passkey.tex"] if report.passkey else []
+        report.ruler = ruler_section(checked, out)
+        report.latex += [out / "tables" / "ruler.tex"] if report.ruler else []
         atomic_write_text(report.path, markdown_report(root, out, df, report, diverged))
     if echo:
         print_summary(report, df, note)
@@ -236,7 +239,9 @@ def draw_figures(
     and training-curve figures, which read the files beside the records under ``root``);
     returns the PNG of each figure by key, in the order the report shows them."""
     train_len = training_length(df)
-    positions = aggregate.position_loss(load_rows(root, POSITIONS), df)
+    rows = load_rows(root, POSITIONS)
+    positions = aggregate.position_loss(rows, df)
+    bands = aggregate.position_intervals(rows, df)  # the truncate mode's windows
     curves = aggregate.training_curves(load_rows(root, CURVE), df)
     labels = aggregate.label_order(df)
     style = figures.styles(labels + [s for s in curves["label"].unique() if s not in labels])
@@ -253,8 +258,12 @@ def draw_figures(
         )
         if not positions.empty:
             write_csv(folder / "position_loss.csv", positions)
+            if not bands.empty:
+                write_csv(folder / "position_loss_windows.csv", bands)
             drawn["positions"] = figures.save(
-                figures.position_figure(positions, style, train_len, note), folder, "position_loss"
+                figures.position_figure(positions, style, train_len, note, bands),
+                folder,
+                "position_loss",
             )
         if not curves.empty:
             write_csv(folder / "training_curves.csv", curves)
@@ -313,6 +322,7 @@ def markdown_report(
         *figures_markdown(report, out),
         *probes.markdown(report.context, out),
         *report.passkey,
+        *report.ruler,
         *diverged_markdown(diverged),
         *skipped_markdown(report.skipped),
         "## Runs",

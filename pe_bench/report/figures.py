@@ -285,9 +285,15 @@ def task_figure(
 
 
 def position_figure(
-    positions: pd.DataFrame, style: dict[str, Style], train_len: int, note: str = ""
+    positions: pd.DataFrame,
+    style: dict[str, Style],
+    train_len: int,
+    note: str = "",
+    bands: pd.DataFrame | None = None,
 ) -> Figure:
-    """Mean loss vs position inside the window: one panel per eval length, a line per label."""
+    """Mean loss vs position inside the window: one panel per eval length, a line per label;
+    with ``bands`` (``aggregate.position_intervals``) each label's 95% interval over windows
+    shaded around its line."""
     lengths = sorted(positions["eval_len"].unique())
     ncols = min(3, len(lengths))
     nrows = math.ceil(len(lengths) / ncols)
@@ -305,6 +311,12 @@ def position_figure(
                 linewidth=1.2,
                 **style[lab].line(),
             )
+            if bands is not None and len(bands):
+                band = bands[(bands["eval_len"] == length) & (bands["label"] == lab)]
+                ax.fill_between(
+                    band["position"], band["ci_low"], band["ci_high"], alpha=0.2,
+                    color=style[lab].color, linewidth=0,
+                )  # fmt: skip
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(PLAIN)
         if train_len < length:

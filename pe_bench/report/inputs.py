@@ -24,6 +24,7 @@ from pe_bench.records import (
     PROBES,
     RECORDS,
     TASK_MODE,
+    is_ruler,
     read_jsonl,
     searchpath,
     sweep_command,
@@ -67,7 +68,8 @@ def record_problem(record: dict) -> str:
         return f"status {status!r} is not one of {', '.join(STATUSES)}"
     task = record.get("mode") == TASK_MODE
     needed = {**REQUIRED, **(TASK_FIELDS if task else {})}
-    if status == "ok" and record.get("mode") not in (*PROBES, PASSKEY_MODE):
+    retrieval = record.get("mode") in (*PROBES, PASSKEY_MODE) or is_ruler(record.get("mode"))
+    if status == "ok" and not retrieval:
         needed |= TASK_NUMBERS if task else NUMBERS
     for name, types in needed.items():
         value = record.get(name)
@@ -147,6 +149,7 @@ class Report:
     skipped: pd.DataFrame = field(default_factory=pd.DataFrame)  # skipped_evaluations rows
     context: probes.ContextUse | None = None  # the context-use probes' section
     passkey: list[str] = field(default_factory=list)  # the passkey section's markdown lines
+    ruler: list[str] = field(default_factory=list)  # the RULER section's markdown lines
     tokenizers: str = ""  # what the report says when the records mix tokenizers
     frame: pd.DataFrame = field(default_factory=pd.DataFrame)  # the records the tables hold
     records: pd.DataFrame = field(default_factory=pd.DataFrame)  # every checked record

@@ -12,8 +12,8 @@ from typing import Any
 import pandas as pd
 
 from pe_bench.data.tokenizer import BYTE
-from pe_bench.records import TAIL_MODE
-from pe_bench.report import aggregate, compare, latex
+from pe_bench.records import TAIL_MODE, TRUNCATE_MODE
+from pe_bench.report import aggregate, compare, latex, protocols
 from pe_bench.report.figures import TITLES
 from pe_bench.report.inputs import (
     Options,
@@ -338,15 +338,18 @@ def comparison_markdown(comparison: compare.Comparison, df: pd.DataFrame) -> lis
     pub, cells = comparison.published, comparison.cells
     cite, setup = pub.citation, pub.setup
     lengths, heads = comparison_lengths(cells)
-    mode = shared_value(df, "mode")
-    protocol = f"{setup['protocol']} windows" + (
-        f" (stride {setup['stride']})" if setup["stride"] else ""
+    mode, stride = comparison.mode or shared_value(df, "mode"), comparison.stride
+    protocol = (
+        "documents truncated to the window, every position scored"
+        if setup["protocol"] == TRUNCATE_MODE
+        else f"{setup['protocol']} windows"
+        + (f" (stride {setup['stride']})" if setup["stride"] else "")
     )
-    ours = f"{mode} windows" + (
-        f" (stride {shared_value(df, 'stride')})" if mode == "sliding" else ""
-    )
-    if mode == TAIL_MODE:
-        ours = f"tail windows (each scoring its last {shared_value(df, 'stride')} tokens)"
+    ours = {
+        TAIL_MODE: f"tail windows (each scoring its last {stride} tokens)",
+        TRUNCATE_MODE: "documents truncated to the window, every position scored",
+        "sliding": f"sliding windows (stride {stride})",
+    }.get(mode, f"{mode} windows")
     differs = (
         f" The paper evaluates with {protocol}, this run with {ours}."
         if setup["protocol"] != mode
@@ -366,12 +369,11 @@ def comparison_markdown(comparison: compare.Comparison, df: pd.DataFrame) -> lis
         f"{cite['read_from']}",
         "",
         f"This run: trained at L = {shared_value(df, 'train_len')} on "
-        f"`{shared_value(df, 'corpus')}`, {ours}, perplexity per byte. Eval lengths are matched "
-        "by their ratio to the training length (column heads: ratio, the paper's length / this "
-        "run's). Absolute numbers differ with "
-        "model size, data and unit (a ratio of perplexities per word or subword token is about "
-        "the per-byte ratio to the power of the bytes per word or token), so the comparison is "
-        f"about the direction of each ratio and the rank order of the schemes.{differs}",
+        f"`{shared_value(df, 'corpus')}`, {ours}, {protocols.perplexity_unit(df)}. Eval lengths "
+        "are matched by their ratio to the training length (column heads: ratio, the paper's "
+        "length / this run's). Absolute numbers differ with model size, data and unit "
+        f"({protocols.unit_note(df)}), so the comparison is about the direction of each ratio "
+        f"and the rank order of the schemes.{differs}",
         "",
         "Perplexity, the paper's / this run's:",
         "",

@@ -24,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from pe_bench.cli.command_line import check_command
+from pe_bench.cli.command_line import announce, check_command
 from pe_bench.cli.console import console
 from pe_bench.cli.hydra_private import report_as_hydra
 from pe_bench.errors import UserError, os_message
@@ -34,7 +34,6 @@ from pe_bench.records import git_sha
 from pe_bench.run import job, trained
 from pe_bench.run.config import CONF_DIR, RunConfig
 from pe_bench.run.distributed import rank_from_env
-from pe_bench.run.estimate import sweep_estimate, worth_estimating
 from pe_bench.run.plan import plan
 from pe_bench.run.store import failure_line, first_missing, record_failure, remove_refused
 
@@ -105,10 +104,9 @@ def main() -> None:
     """The ``pe-bench`` console script: the command line is checked first (``check_command``),
     so that a misspelled group, key or option ends in one line, not in Hydra's list of every
     option over many lines; then Hydra runs the job (or the sweep, its estimate said first).
-    A refused run leaves nothing it made (``run.store.remove_refused``). A file Hydra itself
-    cannot write (multirun.yaml on a full disk) is one line too: Hydra is asked to raise what
-    it would print as a traceback, and anything but an ``OSError`` is then reported as Hydra
-    reports it. Ctrl-C is one line (``cli.console``)."""
+    A refused run leaves nothing it made (``run.store.remove_refused``). A file Hydra cannot
+    write (multirun.yaml on a full disk) is one line too: Hydra is asked to raise, and any
+    other error is then reported as Hydra reports it. Ctrl-C is one line (``cli.console``)."""
     with console("pe-bench"):
         run_command(sys.argv[1:])
 
@@ -122,10 +120,7 @@ def run_command(argv: list[str]) -> None:
     folder = command.folder if command else None
     made = first_missing(folder) if folder and not command.multirun else None
     if command:
-        for note in command.notes:
-            print(f"pe-bench: {note}", file=sys.stderr)
-        if command.multirun and worth_estimating(command.plans):
-            print(f"pe-bench: estimate: {sweep_estimate(command.plans)}", flush=True)
+        announce(command)
     git_sha()  # records name the code loaded now, not a commit made while a sweep runs
     logging.raiseExceptions = False  # a log file on a full disk: no traceback per line
     asked = os.environ.get(FULL_ERROR)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,7 @@ from pe_bench.data.tokenizer import BPE
 from pe_bench.errors import UserError
 from pe_bench.run import weights
 from pe_bench.run.config import CONF_DIR, PRETRAINED, RunConfig, check_top_keys
+from pe_bench.run.estimate import sweep_estimate, worth_estimating
 from pe_bench.run.plan import Plan, plan
 
 NAME_MAX = 255  # bytes of a file or folder name on Linux and macOS file systems
@@ -80,6 +82,15 @@ def check_command(argv: list[str]) -> Command | None:
     plans = check_jobs(job_overrides(cfg, args.overrides) if multirun else None, cfg, overrides)
     folder = Path(str(OmegaConf.select(cfg, "hydra.sweep.dir" if multirun else "hydra.run.dir")))
     return Command(folder, multirun, plans, notes(plans))
+
+
+def announce(command: Command) -> None:
+    """Say what a checked command should hear before it starts: its notes (stderr), and a
+    sweep's estimated time (``run.estimate``)."""
+    for note in command.notes:
+        print(f"pe-bench: {note}", file=sys.stderr)
+    if command.multirun and worth_estimating(command.plans):
+        print(f"pe-bench: estimate: {sweep_estimate(command.plans)}", flush=True)
 
 
 def notes(plans: list[Plan]) -> list[str]:

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from pe_bench.run.train import TrainConfig
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -18,8 +15,10 @@ class Progress:
     a log file, a SLURM job, a pipe): at each curve point (every ``log_every`` steps) the step,
     the loss, tokens per second since the last line and the time left at the rate so far."""
 
-    def __init__(self, desc: str, cfg: TrainConfig, first_step: int, logging_on: bool) -> None:
-        self.desc, self.cfg, self.on = desc, cfg, logging_on
+    def __init__(
+        self, desc: str, steps: int, step_tokens: int, first_step: int, logging_on: bool
+    ) -> None:
+        self.desc, self.steps, self.step_tokens, self.on = desc, steps, step_tokens, logging_on
         self.first_step = self.last_step = first_step
         self.started = self.last = time.perf_counter()
 
@@ -28,15 +27,15 @@ class Progress:
         if not self.on:
             return
         now = time.perf_counter()
-        tokens = (done - self.last_step) * self.cfg.batch_size * self.cfg.seq_len
+        tokens = (done - self.last_step) * self.step_tokens
         rate = tokens / max(now - self.last, 1e-9)
         per_step = (now - self.started) / max(done - self.first_step, 1)
-        left = (self.cfg.steps - done) * per_step
+        left = (self.steps - done) * per_step
         log.info(
             "%s: step %d/%d, loss %.4f, %s tok/s, %s left",
             self.desc,
             done,
-            self.cfg.steps,
+            self.steps,
             loss,
             f"{rate:,.0f}",
             duration(left),
@@ -54,22 +53,22 @@ def duration(seconds: float) -> str:
 EPOCHS_WARNING = 100  # epochs of the train split past which the model mostly memorises it
 
 
-def log_epochs(desc: str, corpus: Any, cfg: TrainConfig) -> None:
+def log_epochs(desc: str, corpus: Any, steps: int, batch_size: int, seq_len: int) -> None:
     """Say how many times training reads its train split over (a task's instances are drawn
     afresh: none), as a warning past ``EPOCHS_WARNING``."""
     split = getattr(corpus, "splits", {}).get("train")
     if split is None:
         return
-    tokens = cfg.steps * cfg.batch_size * cfg.seq_len
+    tokens = steps * batch_size * seq_len
     epochs = tokens / max(len(split), 1)
     level = logging.WARNING if epochs > EPOCHS_WARNING else logging.INFO
     log.log(
         level,
         "%s: %d steps x %d x %d tokens = %s tokens, %s epochs of the %s-token train split%s",
         desc,
-        cfg.steps,
-        cfg.batch_size,
-        cfg.seq_len,
+        steps,
+        batch_size,
+        seq_len,
         f"{tokens:,}",
         f"{epochs:,.3g}",
         f"{len(split):,}",

@@ -266,9 +266,12 @@ def fit(
         log.info("%s: resumed at step %d of %d from %s", desc, first_step, cfg.steps, checkpoint)
     start = time.perf_counter()
     bar = _progress_bar(desc, first_step, cfg.steps, world)
-    progress = Progress(desc, cfg, first_step, logging_on=bar.disable is True and world.main)
+    step_tokens = cfg.batch_size * cfg.seq_len
+    progress = Progress(
+        desc, cfg.steps, step_tokens, first_step, bar.disable is True and world.main
+    )
     if world.main:
-        log_epochs(desc, corpus, cfg)
+        log_epochs(desc, corpus, cfg.steps, cfg.batch_size, cfg.seq_len)
     for step in bar:
         loss, lr = training.step(step)
         done = step + 1

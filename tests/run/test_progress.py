@@ -33,7 +33,7 @@ def config(**changes) -> TrainConfig:
 def test_a_line_says_step_loss_tokens_per_second_and_time_left(caplog, monkeypatch):
     clock = iter([100.0, 102.0, 106.0])  # start, then 10 steps in 2 s, 10 more in 4 s
     monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
-    shown = Progress("train rope", config(steps=1000), first_step=0, logging_on=True)
+    shown = Progress("train rope", 1000, 4 * 16, first_step=0, logging_on=True)
     with caplog.at_level(logging.INFO, logger="pe_bench"):
         shown.log(10, 2.5)
         shown.log(20, 2.25)
@@ -45,14 +45,14 @@ def test_a_line_says_step_loss_tokens_per_second_and_time_left(caplog, monkeypat
 
 def test_no_line_where_a_progress_bar_shows_it(caplog):
     with caplog.at_level(logging.INFO, logger="pe_bench"):
-        Progress("train", config(), first_step=0, logging_on=False).log(10, 2.5)
+        Progress("train", 30, 4 * 16, first_step=0, logging_on=False).log(10, 2.5)
     assert caplog.messages == []
 
 
 def test_training_says_the_epochs_it_reads_and_warns_past_a_hundred(caplog):
     with caplog.at_level(logging.INFO, logger="pe_bench"):
-        log_epochs("train", corpus(4096), config())
-        log_epochs("train", corpus(32), config(steps=10, batch_size=32))
+        log_epochs("train", corpus(4096), 30, 4, 16)
+        log_epochs("train", corpus(32), 10, 32, 16)
     assert caplog.messages[0] == (
         "train: 30 steps x 4 x 16 tokens = 1,920 tokens, 0.469 epochs of the 4,096-token "
         "train split"

@@ -21,11 +21,12 @@ code that made it (its ``git_sha``) computes what today's code computes:
 3. A pretrained model's records (``model=hf``) are kept under the key of every module-level
    definition of ``pe_bench/pretrained`` (``pe_bench.pretrained.key``): each definition the
    old commit had must have the same normalised syntax tree today. A definition added since
-   (a new function, class or constant, undecorated and assigned without a call) cannot have
-   computed the old numbers, since the unchanged code that did cannot name it; one removed
-   since was named by none of it either. Added top-level statements, decorated definitions
-   and assignments that call something may act on import: they are differences. Log lines
-   are compared out, and so is a loop counter that only they read (``_proof_source``).
+   cannot have computed the old numbers, since the unchanged code that did cannot name it;
+   one removed since was named by none of it either. A module added since is not imported
+   by the unchanged code; in a module the old commit had, an added top-level statement, a
+   decorated definition (but ``PURE_DECORATORS``) or an assignment that calls something may
+   act on import: they are differences. Log lines are compared out, and so is a loop counter
+   that only they read (``_proof_source``).
 
 A record whose code computed other numbers keeps what it has and is listed: the next run
 recomputes it. Rerunning the script changes nothing (records already under today's key are
@@ -120,26 +121,50 @@ def worker(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _hf_code() -> dict[str, Any]:
     """The pretrained code's definitions in this tree's ``pe_bench/pretrained`` (today's
-    ``key.definitions``): the key, each name's digest after the equivalences a proof may use
-    (``_proof_source``), and the names whose definition is inert (``_inert``)."""
+    ``key.definitions``): the key, each ``module.name``'s digest after the equivalences a
+    proof may use (``_proof_source``), the modules, and the names whose definition is inert
+    (``_inert``)."""
     key = _key_module()
     package = Path(importlib.import_module("pe_bench").__file__).parent / "pretrained"
     paths = sorted(package.rglob("*.py")) if package.is_dir() else []
-    paths = [p for p in paths if p.relative_to(package) != Path("key.py")]
+    paths = [p for p in paths if p.relative_to(package).as_posix() not in key.PIPELINE]
     found: dict[str, list[str]] = {}
     inert = []
     for path in paths:
+        module = ".".join(path.relative_to(package).with_suffix("").parts)
         source = path.read_text(encoding="utf-8")
         for name, tree in key.module_definitions(_proof_source(source, key)):
-            found.setdefault(name, []).append(tree)
+            found.setdefault(f"{module}.{name}", []).append(tree)
         for node in ast.parse(source).body:
-            inert += key.defined_names(node) if _inert(node) else []
+            names = key.defined_names(node) if _inert(node) else []
+            inert += [f"{module}.{name}" for name in names]
     found = {name: sorted(trees) for name, trees in found.items()}
     return {
         "key": key.pretrained_key(package) if package.is_dir() else None,
         "each": {name: key.code_key({name: trees}) for name, trees in found.items()},
         "inert": sorted(set(inert)),
+        "modules": sorted({name.split(".")[0] for name in found}),
     }
+
+
+PURE_DECORATORS = ("dataclass", "cache", "lru_cache", "staticmethod", "classmethod", "property")
+
+
+def _inert(node: ast.stmt) -> bool:
+    """A definition that does nothing on import: a function or class decorated by nothing
+    but ``PURE_DECORATORS`` (``dataclass(frozen=True)`` too), or an assignment that calls
+    nothing."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return all(_decorator_name(d) in PURE_DECORATORS for d in node.decorator_list)
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        return not any(isinstance(n, ast.Call) for n in ast.walk(node))
+    return False
+
+
+def _decorator_name(node: ast.expr) -> str:
+    """``dataclass`` of ``@dataclass``, ``@dataclasses.dataclass(frozen=True)``, ..."""
+    node = node.func if isinstance(node, ast.Call) else node
+    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
 
 
 def _proof_source(source: str, key: Any) -> str:
@@ -176,16 +201,6 @@ def _unread_counter(loop: ast.For) -> bool:
     counter = target.elts[0].id
     body = [*loop.body, *loop.orelse]
     return not any(isinstance(n, ast.Name) and n.id == counter for s in body for n in ast.walk(s))
-
-
-def _inert(node: ast.stmt) -> bool:
-    """A definition that does nothing on import: a function or class without decorators, or
-    an assignment that calls nothing."""
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return not node.decorator_list
-    if isinstance(node, (ast.Assign, ast.AnnAssign)):
-        return not any(isinstance(n, ast.Call) for n in ast.walk(node))
-    return False
 
 
 # ---- the migration ----------------------------------------------------------------------------
@@ -359,7 +374,8 @@ def compare(old: dict[str, Any], new: dict[str, Any]) -> tuple[bool, str]:
             n for n in old["each"] if n in new["each"] and old["each"][n] != new["each"][n]
         )
         added = sorted(set(new["each"]) - set(old["each"]))
-        acting = [n for n in added if n not in new["inert"]]
+        in_old_modules = [n for n in added if n.split(".")[0] in old["modules"]]
+        acting = [n for n in in_old_modules if n not in new["inert"]]
         removed = sorted(set(old["each"]) - set(new["each"]))
         notes = [
             f"{what}: {', '.join(names)}"

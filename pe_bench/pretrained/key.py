@@ -3,13 +3,15 @@
 A pretrained model's records carry it as ``pe_source``, as a trained model's carry the key of
 its scheme's code (``positions.scheme_key``), and ``RunStore`` recomputes the records of
 another key. It is derived from the code, not listed: every module-level definition (function,
-class, constant) of every module of ``pe_bench.pretrained`` but this one, by name, as its
-normalised syntax tree (docstrings, comments, log lines and where a definition sits do not
-count). So a function added there (a RULER generator, a DCA patch, a module of its own) is in
-the key the moment it exists, and the variant patches (``rope``, ``windowed``), the passkey
-test (``passkey``), the tail perplexity (``tail``), loading and scoring (``load``,
-``evaluate``) are all keyed alike. A variant's records carry the key of the variant's own code
-as ``variant_source`` (``variant_key``), so editing one variant recomputes its records only.
+class, constant) of every module of ``pe_bench.pretrained`` that computes numbers, by module
+and name, as its normalised syntax tree (docstrings, comments and log lines do not count). A
+module computes numbers unless it is one of ``PIPELINE``, the steps around the methods, which
+are keyed as a trained model's pipeline is (by the settings in each record's identity and
+hashes, the weights and the tokenizer): so the variant patches (``rope``, ``windowed``), the
+passkey test (``passkey``), the perplexity protocols (``tail``, ``truncate``), RULER's
+generators and scoring, and any function or module added beside them (a DCA patch) are in
+the key the moment they exist. A variant's records carry the key of the variant's own code as
+``variant_source`` (``variant_key``), so editing one variant recomputes its records only.
 
 The model's weights are keyed apart, as ``weights_sha`` (``weights_key``): a GGUF file by its
 sha256 (also part of its run id), a local folder (or file) by a hash of its files' bytes, so
@@ -35,6 +37,11 @@ if TYPE_CHECKING:
     from pe_bench.run.config import PretrainedConfig
 
 PACKAGE = Path(__file__).parent  # pe_bench/pretrained
+# The modules around the methods, not keyed: this key; the plan (which records a run owes:
+# their identities and settings hashes); the steps that run the methods and write records
+# (as run/trained.py for a trained model); loading the weights and tokenizer (``weights_sha``,
+# ``tokenizer_sha``).
+PIPELINE = ("key.py", "plan.py", "evaluate.py", "load.py")
 LOGGERS = ("log", "logger", "logging")  # a call on one of these is a log line: not keyed
 STATEMENTS = "<statements>"  # a module's top-level statements that define no name
 
@@ -46,17 +53,18 @@ def pretrained_key(package: Path = PACKAGE) -> str:
 
 
 def definitions(package: Path = PACKAGE) -> dict[str, list[str]]:
-    """Every module-level definition of the modules under ``package`` (this one, ``key.py``,
-    left out: it computes no number) by name: the normalised syntax tree of each statement
-    that defines it (a list: two modules may define one name). Imports, docstrings and log
-    lines are left out; top-level statements that define nothing are keyed as
-    ``STATEMENTS``."""
+    """Every module-level definition of the modules under ``package`` that compute numbers
+    (all but ``PIPELINE``), as ``module.name``: the normalised syntax tree of each statement
+    that defines it. Imports, docstrings and log lines are left out; top-level statements
+    that define nothing are keyed as ``module.<statements>``."""
     found: dict[str, list[str]] = {}
     for path in sorted(package.rglob("*.py")):
-        if path.relative_to(package) == Path("key.py"):
+        rel = path.relative_to(package)
+        if rel.as_posix() in PIPELINE:
             continue
+        module = ".".join(rel.with_suffix("").parts)
         for name, tree in module_definitions(path.read_text(encoding="utf-8")):
-            found.setdefault(name, []).append(tree)
+            found.setdefault(f"{module}.{name}", []).append(tree)
     return {name: sorted(trees) for name, trees in found.items()}
 
 

@@ -23,12 +23,12 @@ def migrate():
     return module
 
 
-def code_of(migrate, monkeypatch, tmp_path: Path, edit: str = "") -> dict:
-    """``_hf_code()`` of a copy of today's package with ``edit`` appended to passkey.py."""
+def code_of(migrate, monkeypatch, tmp_path: Path, edit: str = "", module: str = "passkey") -> dict:
+    """``_hf_code()`` of a copy of today's package with ``edit`` appended to ``module``."""
     package = tmp_path / "pe_bench"
     shutil.copytree(ROOT / "pe_bench" / "pretrained", package / "pretrained")
     (package / "__init__.py").write_text("")
-    with open(package / "pretrained" / "passkey.py", "a") as f:
+    with open(package / "pretrained" / f"{module}.py", "a") as f:
         f.write(edit)
     fake = type("Package", (), {"__file__": str(package / "__init__.py")})
     monkeypatch.setattr(migrate.importlib, "import_module", lambda name: fake)
@@ -45,6 +45,7 @@ def code_of(migrate, monkeypatch, tmp_path: Path, edit: str = "") -> dict:
         ("\n\nPATCHED = patch()\n", False),  # calls something on import
         ("\n\nprint('x')\n", False),  # a top-level statement
         ("\n\nKEYS = (1, 9)\n", False),  # rebinds a definition: edited
+        ("\n\n@dataclass(frozen=True)\nclass Needle:\n    depth: float\n", True),
     ],
 )
 def test_an_old_commit_s_code_proves_the_numbers_unless_edited(
@@ -75,3 +76,13 @@ def test_a_loop_counter_read_by_log_lines_alone_is_compared_out(migrate):
 
     proof = {name: migrate._proof_source(source, key) for name, source in LOOPS.items()}
     assert proof["plain"] == proof["logged"] != proof["read"]
+
+
+@pytest.mark.slow  # 2 s: copies of the package
+def test_a_new_module_cannot_have_computed_old_numbers(migrate, monkeypatch, tmp_path):
+    old = code_of(migrate, monkeypatch, tmp_path / "old")
+    acting = "\n\n@register\ndef niah(n):\n    return n\n\n\nprint('imported')\n"
+    new = code_of(migrate, monkeypatch, tmp_path / "new", acting, module="dca")
+    assert migrate.compare(old, new)[0] is True
+    edited = code_of(migrate, monkeypatch, tmp_path / "edited", "\n\nBLOCK = 1\n", "windowed")
+    assert migrate.compare(old, edited)[0] is False

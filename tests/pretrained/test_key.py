@@ -1,7 +1,8 @@
 """The pretrained key (``pe_bench.pretrained.key``) is derived from the code: every module-level
-definition of the modules of ``pe_bench.pretrained`` keys a pretrained model's records, so a
-function added there (a RULER generator, a DCA patch) changes the key without anyone adding it
-to a list; docstrings, comments, log lines and where a definition sits do not."""
+definition of the modules of ``pe_bench.pretrained`` that compute numbers keys a pretrained
+model's records, so a function added there (a RULER generator, a DCA patch) changes the key
+without anyone adding it to a list; docstrings, comments, log lines and the order of
+definitions do not, nor do the pipeline's modules (``key.PIPELINE``)."""
 
 from __future__ import annotations
 
@@ -31,14 +32,14 @@ def test_a_function_added_to_a_pretrained_module_is_in_the_key(package):
     before = key.pretrained_key(package)
     with open(package / "passkey.py", "a") as f:
         f.write('\n\ndef ruler_needles(n: int) -> list[int]:\n    """RULER."""\n    return [n]\n')
-    assert "ruler_needles" in key.definitions(package)
+    assert "passkey.ruler_needles" in key.definitions(package)
     assert key.pretrained_key(package) != before
 
 
 def test_a_new_pretrained_module_is_in_the_key(package):
     before = key.pretrained_key(package)
     (package / "dca.py").write_text("CHUNK = 256\n\n\ndef chunk(n):\n    return n // CHUNK\n")
-    assert {"CHUNK", "chunk"} <= set(key.definitions(package))
+    assert {"dca.CHUNK", "dca.chunk"} <= set(key.definitions(package))
     assert key.pretrained_key(package) != before
 
 
@@ -66,11 +67,18 @@ def test_docstrings_comments_log_lines_and_order_do_not_count(package):
     assert key.pretrained_key(package) == before
 
 
-def test_the_key_module_is_not_in_its_own_key(package):
+@pytest.mark.parametrize("module", key.PIPELINE)
+def test_the_pipeline_s_modules_are_not_in_the_key(package, module):
     before = key.pretrained_key(package)
-    with open(package / "key.py", "a") as f:
+    with open(package / module, "a") as f:
         f.write("\n\nEXTRA = 1\n")
     assert key.pretrained_key(package) == before
+
+
+def test_every_method_module_is_in_the_key():
+    modules = {name.split(".")[0] for name in key.definitions()}
+    assert {"rope", "windowed", "passkey", "tail"} <= modules
+    assert not modules & {m.removesuffix(".py") for m in key.PIPELINE}
 
 
 def test_pretrained_records_carry_the_key():

@@ -52,6 +52,9 @@ TRAINABLE = [
     "fox",
     "stickbreaking",
     "pope",
+    "fope",
+    "bipe",
+    "cable",
 ]
 VARIANTS = [
     "pi",
@@ -133,6 +136,9 @@ NOT_RELATIVE = [
     "leaky_rerope",
     "self_extend",
     "irope",
+    "fope",
+    "bipe",
+    "cable",
 ]
 
 

@@ -6,15 +6,12 @@ before anything is written."""
 from __future__ import annotations
 
 import argparse
-import shutil
 from pathlib import Path
 
 from pe_bench.cli.console import console
 from pe_bench.errors import OneLineParser, UserError, os_message
-from pe_bench.records import (
-    MODES,
-)
-from pe_bench.report.aggregate import METRICS
+from pe_bench.records import MODES, atomic_write_text
+from pe_bench.report import latex, metrics
 from pe_bench.report.build import build_report
 from pe_bench.report.inputs import Options, check_output_folder
 from pe_bench.report.site import write_site
@@ -27,12 +24,13 @@ DESCRIPTION = (
 RERUN = "nothing was half-written (each file is replaced whole); rerun it to write the report"
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> OneLineParser:
+    """The command's arguments."""
     parser = OneLineParser(prog="pe-bench-report", description=DESCRIPTION)
     parser.add_argument("results", help="folder with records (searched recursively)")
     parser.add_argument(
         "--metric",
-        choices=list(METRICS),
+        choices=metrics.names(metrics.LM),
         default="ppl",
         help="metric of the figures and the ratio table (default: ppl)",
     )
@@ -67,12 +65,29 @@ def main(argv: list[str] | None = None) -> None:
         "paper's folder",
     )
     parser.add_argument(
+        "--latex-style",
+        choices=list(latex.STYLES),
+        help="the form of the --latex copies: table (the default, as tables/*.tex: a column "
+        "wide, intervals small after their means), table* (a two-column paper's full width), "
+        "compact (means only, a smaller font), compact* (both)",
+    )
+    parser.add_argument(
         "--site",
         metavar="DIR",
         help="also write the report as a static leaderboard site into DIR (opens from the "
         "file system: DIR/index.html)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    if args.latex_style and not args.latex:
+        parser.error(
+            f"--latex-style {args.latex_style} styles the --latex copies: add --latex DIR "
+            "(the report's own tables/*.tex keep the default style)"
+        )
     options = Options(args.metric, args.mode, args.baseline, tuple(args.schemes), args.compare)
     with console("pe-bench-report", RERUN):
         try:
@@ -93,10 +108,14 @@ def report_command(args: argparse.Namespace, options: Options) -> None:
         check_site_folder(Path(args.site))
     report = build_report(args.results, args.out, options)
     if args.latex:
-        Path(args.latex).mkdir(parents=True, exist_ok=True)
-        for path in report.latex:
-            shutil.copyfile(path, Path(args.latex) / path.name)
+        copy_latex(report.latex, Path(args.latex), args.latex_style or "table")
     site = write_site(report, Path(args.results), Path(args.site)) if args.site else None
     print(f"\n{report.where(Path(args.results), site.parent if site else None)}")
-    if args.latex:
-        print(f"LaTeX tables: {len(report.latex)} copied into {Path(args.latex).resolve()}")
+
+
+def copy_latex(tables: list[Path], folder: Path, style: str) -> None:
+    """The report's LaTeX tables, in ``style``, into ``folder`` (a paper's)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in tables:
+        atomic_write_text(folder / path.name, latex.restyle(path.read_text(), style))
+    print(f"LaTeX tables: {len(tables)} in {folder.resolve()} (style {style})")

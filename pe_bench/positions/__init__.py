@@ -23,8 +23,10 @@ from pe_bench.errors import UserError
 from pe_bench.positions import (  # noqa: F401  (importing registers the built-ins)
     absolute,
     bias,
+    bilevel,
     contextual,
     fire,
+    fourier,
     gates,
     logits,
     polar,

@@ -14,7 +14,6 @@ import pandas as pd
 from pe_bench.data.tokenizer import BYTE
 from pe_bench.records import TAIL_MODE, TRUNCATE_MODE
 from pe_bench.report import aggregate, compare, latex, protocols
-from pe_bench.report.figures import TITLES
 from pe_bench.report.inputs import (
     Options,
     Report,
@@ -23,7 +22,6 @@ from pe_bench.report.inputs import (
     training_length,
 )
 from pe_bench.report.markdown import (
-    FORMATS,
     SKIPPED,
     SKIPPED_NOTE,
     caption,
@@ -37,13 +35,14 @@ from pe_bench.report.markdown import (
     shared_value,
     typical_n,
 )
+from pe_bench.report.metrics import spec
 from pe_bench.report.significance import pairwise_markdown
 
 
 def value_markdown(stats: pd.DataFrame, metric: str, skipped: pd.DataFrame | None = None) -> str:
     """Label x eval length table of ``mean [low, high]`` cells (``seed_stats`` rows); a cell
     with a skipped evaluation (``skipped_evaluations`` rows) is marked ‡."""
-    fmt = FORMATS[metric]
+    fmt = spec(metric).fmt
     n = typical_n(stats)
     lengths = [str(length) for length in sorted(stats["eval_len"].unique())]
     marked = skipped_cells(skipped)
@@ -170,7 +169,7 @@ def tables_markdown(df: pd.DataFrame, report: Report) -> list[str]:
     """The sections of the value table (the chosen metric), the ratio table and the scores."""
     opts = report.options
     stats = report.tables[opts.metric]
-    title = TITLES[opts.metric]
+    title = spec(opts.metric).title
     how = caption(stats, opts.metric, df)
     grid = ", ".join(str(n) for n in aggregate.score_grid(df))
     score_unit = "log-perplexity (NLL, nats/token)"
@@ -216,7 +215,7 @@ def caveats_markdown(df: pd.DataFrame) -> list[str]:
 
 def figures_markdown(report: Report, out: Path) -> list[str]:
     """The figures section: each PNG with its caption and a link to its PDF."""
-    title = TITLES[report.options.metric]
+    title = spec(report.options.metric).title
     captions = {
         "length": f"{title} vs evaluation length",
         "ratio": f"{title} relative to L = {report.options.baseline}",

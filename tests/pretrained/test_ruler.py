@@ -356,3 +356,7 @@ def test_ruler_is_planned_stored_resumed_and_reported(tmp_path):
     text = report.path.read_text()
     assert "## RULER" in text and "niah_multivalue" in text
     assert (out / "figures" / "ruler.png").exists() and (out / "tables" / "ruler.tex").exists()
+    from pe_bench.report.site import write_site
+
+    index = write_site(report, out, tmp_path / "site").read_text()
+    assert 'id="ruler"' in index and "RULER score" in index

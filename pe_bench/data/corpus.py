@@ -146,11 +146,11 @@ def empty_split(name: str, cfg: Mapping[str, Any], split: str, size: int) -> str
     )
 
 
-def tokens_bound(cfg: Mapping[str, Any]) -> int | None:
+def tokens_bound(data: DataConfig) -> int | None:
     """The corpus's bytes, from its files' sizes without reading them: at most as many tokens
     (a token is at least a byte), what a training length is checked against before any data
     is read. None where it is not known (a dataset of the hub, a synthetic task)."""
-    return _tokens_bound(cfg.get("source"), str(cfg.get("path")), str(cfg.get("glob")))
+    return _tokens_bound(data.source, str(data.path), data.glob)
 
 
 @lru_cache(maxsize=8)

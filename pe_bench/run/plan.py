@@ -220,11 +220,9 @@ def check_corpus_length(cfg: RunConfig) -> None:
     settings += [(f"finetunes.{k}", ft.train_config(cfg.train)) for k, ft in cfg.finetunes.items()]
     for where, train in settings:
         if size is not None and train.seq_len + 1 > size:
-            path = cfg.data.get("path")
-            corpus = f"data.path={path!r}" if path else f"data={cfg.data.get('source')}"
-            share = (
-                1 - float(cfg.data.get("valid_frac", 0.05)) - float(cfg.data.get("test_frac", 0.05))
-            )
+            path = cfg.data.path
+            corpus = f"data.path={path!r}" if path else f"data={cfg.data.source}"
+            share = 1 - cfg.data.valid_frac - cfg.data.test_frac
             least = math.ceil(round((train.seq_len + 2) / share, 6))  # 18 / 0.8999..: 20
             raise UserError(
                 f"{where}.seq_len={train.seq_len:,} is longer than the corpus: {corpus} holds "

@@ -43,7 +43,18 @@ from pe_bench.records import (
     is_ruler,
     load_records,
 )
-from pe_bench.report import aggregate, compare, cost, figures, latex, metrics, probes, protocols
+from pe_bench.report import (
+    aggregate,
+    compare,
+    cost,
+    figures,
+    ladder,
+    latex,
+    metrics,
+    probes,
+    protocols,
+    rungs,
+)
 from pe_bench.report.best import legend, score_marks, value_marks
 from pe_bench.report.inputs import (
     Options,
@@ -99,15 +110,9 @@ def build_report(
         check_one_kind(root, checked)
         return build_task_report(root, out, checked, options, echo)
     published = [compare.load_published(name) for name in options.compare]
-    # probe, passkey and RULER records: their own sections
-    retrieval = checked["mode"].isin([*PROBES, PASSKEY_MODE]) | checked["mode"].map(is_ruler)
-    perplexity = checked[~retrieval]
-    if perplexity.empty:  # every run owes perplexity: this one stopped before it
-        kinds = ", ".join(sorted(checked["mode"].unique()))
-        raise UserError(
-            f"no perplexity records under {root} yet, only {len(checked)} of {kinds}: a run "
-            "stopped before its perplexity; run its command again (it resumes), then report"
-        )
+    perplexity = perplexity_records(root, checked)
+    if rungs.is_ladder(perplexity):  # rungs of model size and training length: one section each
+        return ladder.build_ladder(root, out, perplexity, options, echo)
     df = aggregate.prepare(perplexity, options.mode, options.schemes)
     options = options.resolve(df)
     report = Report(out / "report.md", options, skipped=aggregate.skipped_evaluations(df))
@@ -152,6 +157,20 @@ def fill_tables(
     report.tables |= pairwise_tables(df, stats, options.metric)
     report.tables["score_pairwise"] = aggregate.score_differences(per_byte)
     report.tables["cost"] = cost.cost_table(df)
+
+
+def perplexity_records(root: Path, checked: pd.DataFrame) -> pd.DataFrame:
+    """The records of the perplexity modes (probe, passkey and RULER records have their own
+    sections); refused when there are none: every run owes perplexity, so its run stopped."""
+    retrieval = checked["mode"].isin([*PROBES, PASSKEY_MODE]) | checked["mode"].map(is_ruler)
+    perplexity = checked[~retrieval]
+    if perplexity.empty:
+        kinds = ", ".join(sorted(checked["mode"].unique()))
+        raise UserError(
+            f"no perplexity records under {root} yet, only {len(checked)} of {kinds}: a run "
+            "stopped before its perplexity; run its command again (it resumes), then report"
+        )
+    return perplexity
 
 
 def shown_metrics(df: pd.DataFrame, report: Report) -> list[str]:

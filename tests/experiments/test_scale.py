@@ -64,12 +64,15 @@ def test_the_budget_is_the_flops_of_each_rungs_model(capsys):
     assert 350e6 < cost["params"] < 360e6  # GPT-2 medium's shape, its vocabulary tied
     assert cost["flop_token"] == 6 * cost["matmul"] + 12 * 24 * 1024 * 512
     assert cost["flop"] == cost["flop_token"] * 20000 * 32 * 512
-    budget.main(["experiment=scale_gpu", "--vocab", "50257", "--tokens-per-s", "1e6"])
+    budget.main(["experiment=scale_gpu", "--vocab", "50257", "--measured", "g11m=1e6"])
     table = capsys.readouterr().out
     rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in table.splitlines()[2:6]]
     assert [row[0] for row in rows] == rungs("scale_gpu")
-    assert {row[7] for row in rows} == {"0.09"}  # 327.68M tokens at a measured 1M tokens/s
-    assert "measured 1e+06 tokens/s" in table
+    assert rows[0][7] == "0.09"  # 327.68M tokens at a measured 1M tokens/s
+    assert rows[3][7] == f"{cost['flop'] / (989e12 * 0.4) / 3600:.2f}"  # the assumed 40% MFU
+    assert "g11m at a measured 1e+06 tokens/s; the others at 40%" in table
+    with pytest.raises(SystemExit, match="rung one of g11m"):
+        budget.main(["experiment=scale_gpu", "--measured", "g1b=1e6"])
 
 
 @pytest.mark.slow  # a few steps of the 11M-parameter rung (with a BPE of its own) on the CPU

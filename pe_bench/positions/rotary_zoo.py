@@ -211,7 +211,6 @@ class IRoPE(RoPENoPEHybrid):
     """
 
     relative = False
-    caveat = ""
     option_ranges: ClassVar[dict[str, Range]] = {
         **RoPENoPEHybrid.option_ranges,
         "window": Range(ge=1),
@@ -242,6 +241,15 @@ class IRoPE(RoPENoPEHybrid):
         self.temperature_tuning = temperature_tuning
         self.floor_scale = float(self.window if floor_scale is None else floor_scale)
         self.attn_scale = attn_scale
+
+    @property
+    def caveat(self) -> str:
+        if self.window < self.dims.train_len:
+            return ""
+        return (
+            f"window {self.window} >= L_train: no training window crosses a chunk boundary of"
+            " the RoPE layers (Llama 4 trains across its 8192-token chunks)"
+        )
 
     def attention_mask(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor | None:
         if self.is_nope(layer):

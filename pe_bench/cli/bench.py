@@ -26,7 +26,7 @@ from omegaconf import DictConfig
 
 from pe_bench.cli.command_line import check_command
 from pe_bench.cli.hydra_private import report_as_hydra
-from pe_bench.errors import UserError, os_message
+from pe_bench.errors import UserError, interrupted, os_message
 from pe_bench.pretrained import evaluate as pretrained
 from pe_bench.pretrained.plan import plan_pretrained
 from pe_bench.records import git_sha
@@ -111,6 +111,8 @@ def main() -> None:
         hydra_main()
     except OSError as err:
         fail(UserError(os_message(err, folder)))
+    except KeyboardInterrupt:
+        interrupted("pe-bench")
     except Exception as err:
         if asked == "1":
             raise

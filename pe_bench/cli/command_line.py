@@ -251,9 +251,12 @@ def has_option(group: str, option: str, searchpath: str | None = None) -> bool:
 
 
 def _missing_option(err: MissingConfigException, overrides: list[Override]) -> str:
-    """``pe=roep is not an option of pe; allowed: alibi, ...``: Hydra's list, on one line."""
+    """``pe=roep is not an option of pe (did you mean rope?); allowed: alibi, ...``: Hydra's
+    list on one line, with the closest option as the keys get theirs."""
     group, _, option = (err.missing_cfg_file or "").rpartition("/")
-    allowed = f"; allowed: {', '.join(err.options)}" if err.options else ""
+    close = difflib.get_close_matches(option, err.options or [], n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    allowed = f"{hint}; allowed: {', '.join(err.options)}" if err.options else ""
     for override in overrides:
         if override.key_or_group == group:
             return f"{override.get_key_element()}={option} is not an option of {group}{allowed}"

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pe_bench.cli.command_line import check_command, has_option
-from pe_bench.errors import OneLineParser, UserError
+from pe_bench.errors import OneLineParser, UserError, interrupted
 from pe_bench.positions import load_plugin, scheme_class
 from pe_bench.records import COMMANDS, atomic_write_bytes, load_records
 from pe_bench.report.inputs import report_lock
@@ -248,6 +248,8 @@ def main(argv: list[str] | None = None) -> None:
         status = place(args.scheme, args.onto, out, args.option, args.plugin, args.searchpath)
     except UserError as err:
         parser.error(str(err))
+    except KeyboardInterrupt:  # the sweep (in its own process) got the Ctrl-C too
+        interrupted(parser.prog)
     if status == 0:
         print(f"pe-bench-place: {args.scheme} beside {args.onto}'s schemes: {out / 'report.md'}")
     sys.exit(status)

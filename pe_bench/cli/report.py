@@ -4,6 +4,7 @@ with ``--latex DIR`` (the report's LaTeX tables copied into a paper's folder) an
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from pe_bench.errors import OneLineParser, UserError, os_message
@@ -13,10 +14,25 @@ from pe_bench.report.build import build_report
 from pe_bench.report.inputs import Options
 from pe_bench.report.site import write_site
 
+DESCRIPTION = """\
+Write the report of a folder of pe-bench records: report.md, tables/ (csv, md,
+tex) and figures/ (png, pdf), into that folder unless --out names another.
+--latex copies the LaTeX tables into a paper's folder; --site writes the report
+as a static leaderboard site that opens from disk."""
+EXAMPLES = """examples:
+  pe-bench-report outputs/quick
+  pe-bench-report results/zoo --latex paper/tables --latex-style table*
+  pe-bench-report results/zoo --site site/  (then open site/index.html)"""
+
 
 def build_parser() -> OneLineParser:
     """The command's arguments."""
-    parser = OneLineParser(prog="pe-bench-report", description=__doc__.split("\n")[0])
+    parser = OneLineParser(
+        prog="pe-bench-report",
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("results", help="folder with records (searched recursively)")
     parser.add_argument(
         "--metric",

@@ -149,6 +149,13 @@ def plan(cfg: DictConfig | RunConfig) -> Plan:
         (key, digest, None if key == "none" else s, code) for key, digest, s, code in schemes
     ]
     modes = _modes(run_cfg, lengths)
+    if max(lengths) <= train_len and modes != [TASK_MODE]:
+        log.warning(
+            "eval.lengths %s are all within train.seq_len=%d: this run measures no length "
+            "extrapolation; add longer lengths, e.g. eval.factors=[1,2,4]",
+            lengths,
+            train_len,
+        )
     if modes == [TASK_MODE]:  # a synthetic task scores instances, the same number per length
         n_targets = int(run_cfg.data["eval_instances"])
     else:

@@ -260,6 +260,8 @@ def fit(
             point = training.curve_point(done, loss_value, lr)
             result.curve.append(point)
             bar.set_postfix(loss=f"{loss_value:.3f}")
+            if bar.disable and world.main:  # no terminal: tqdm is silent until the end
+                _log_progress(desc, done, first_step, cfg, loss_value, time.perf_counter() - start)
             if on_log:
                 on_log(point)
         if save_now and world.main:
@@ -277,6 +279,24 @@ def _progress_bar(desc: str, first_step: int, steps: int, world: World) -> tqdm:
         total=steps,
         disable=None if world.main else True,
         dynamic_ncols=True,
+    )
+
+
+def _log_progress(
+    desc: str, done: int, first: int, cfg: TrainConfig, loss: float, seconds: float
+) -> None:
+    """A progress line in the log where no bar is drawn (output to a file, a SLURM log, a
+    pipe): the step, the loss, the speed so far and the time left at that speed."""
+    rate = (done - first) / seconds if seconds > 0 else 0.0  # steps per second
+    left = f"about {(cfg.steps - done) / rate / 60:.1f} min left" if rate else "time left unknown"
+    log.info(
+        "%s: step %d/%d, loss %.4f, %.0f tokens/s, %s",
+        desc,
+        done,
+        cfg.steps,
+        loss,
+        rate * cfg.batch_size * cfg.seq_len,
+        left,
     )
 
 

@@ -124,8 +124,8 @@ TRAIN_KEYS = "batch_size, beta1, beta2, ckpt_every, compile, device, grad_clip, 
 # Bad input that only the console script meets: Hydra refuses it while composing, before
 # ``run``, with many lines of its own; ``pe-bench`` says it in one.
 CONSOLE_BAD_INPUT = [
-    (["pe=roep"], f"pe=roep is not an option of pe; allowed: {PE_OPTIONS}, "),
-    (["-m", "pe=rope,roep"], "pe=roep is not an option of pe; allowed: alibi,"),
+    (["pe=roep"], f"pe=roep is not an option of pe (did you mean rope?); allowed: {PE_OPTIONS}"),
+    (["-m", "pe=rope,roep"], "pe=roep is not an option of pe (did you mean rope?); allowed: al"),
     (
         ["train.step=10"],
         f"unknown key train.step (did you mean train.steps?); allowed: {TRAIN_KEYS}",
@@ -297,6 +297,15 @@ def test_what_a_pretrained_model_would_ignore_is_refused(tmp_path, args, message
     with pytest.raises(UserError, match=re.escape(message)):
         check_command(["model=hf", "model.name=org/model", *args, f"out_root={tmp_path}"])
     check_command(["model=hf", "model.name=org/model", "+pe@eval.variants.y=yarn"])  # allowed
+
+
+def test_a_misspelled_option_gets_the_closest_one():
+    """Issue 41: ``pe=ropee`` listed the allowed names without the one meant (keys had it)."""
+    message = "pe=ropee is not an option of pe (did you mean rope?); allowed: alibi, bipe,"
+    with pytest.raises(UserError, match=re.escape(message)):
+        check_command(["pe=ropee"])
+    with pytest.raises(UserError, match=r"^logger=mlflow is not an option of logger; allowed"):
+        check_command(["logger=mlflow"])  # nothing close: no guess
 
 
 def test_a_key_given_twice_is_refused():

@@ -254,7 +254,9 @@ def git_sha() -> str:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    threads = torch.get_num_threads()
+    cpu = platform.processor() or platform.machine()
+    return f"cpu ({cpu}, {threads} thread{'s' * (threads != 1)})"
 
 
 @cache

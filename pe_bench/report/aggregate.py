@@ -350,9 +350,11 @@ def log_buckets(length: int, per_octave: int = 4) -> np.ndarray:
 
 def position_loss(positions: pd.DataFrame, df: pd.DataFrame, per_octave: int = 4) -> pd.DataFrame:
     """Mean loss by position inside the window, per (label, eval length), for the runs of
-    ``df``: averaged over runs, then over log-spaced buckets of positions (1 = the first token
-    of a window). Columns: label, eval_len, position (mean position of the bucket), loss."""
-    columns = ["label", "eval_len", "position", "loss"]
+    ``df``: each run's loss averaged over log-spaced buckets of positions (1 = the first token
+    of a window), then the mean over runs with its 95% t-interval (the seeds' spread; NaN
+    bounds for one run). Columns: label, eval_len, position (mean position of the bucket), n,
+    loss, ci_low, ci_high."""
+    columns = ["label", "eval_len", "position", "n", "loss", "ci_low", "ci_high"]
     if positions.empty:
         return pd.DataFrame(columns=columns)
     keys = ["run_id", "variant", "eval_len", "mode"]
@@ -364,16 +366,15 @@ def position_loss(positions: pd.DataFrame, df: pd.DataFrame, per_octave: int = 4
         for length, cell in positions[positions["label"] == lab].groupby("eval_len"):
             # [runs, positions]; an offset that no target was scored at is null (sliding mode)
             loss = np.array([[np.nan if x is None else x for x in run] for run in cell["loss"]])
-            scored = np.isfinite(loss)
-            counts = scored.sum(axis=0)
-            mean = np.where(scored, loss, 0).sum(axis=0) / np.maximum(counts, 1)
-            mean[counts == 0] = np.nan
-            edges = log_buckets(int(length), per_octave)
-            for lo, hi in itertools.pairwise(edges):
-                at = np.arange(lo, hi)
-                ok = np.isfinite(mean[at - 1])
-                if ok.any():
-                    rows.append([lab, int(length), at[ok].mean(), mean[at - 1][ok].mean()])
+            for lo, hi in itertools.pairwise(log_buckets(int(length), per_octave)):
+                block = loss[:, lo - 1 : hi - 1]  # [runs, the bucket's positions]
+                has = np.isfinite(block)
+                runs_with = has.any(axis=1)
+                if runs_with.any():
+                    sums, counts = np.where(has, block, 0).sum(axis=1), has.sum(axis=1)
+                    n, mean, low, high = t_interval(sums[runs_with] / counts[runs_with])
+                    position = np.arange(lo, hi)[has.any(axis=0)].mean()
+                    rows.append([lab, int(length), position, n, mean, low, high])
     return pd.DataFrame(rows, columns=columns)
 
 

@@ -54,6 +54,7 @@ from pe_bench.report.inputs import (
     record_problem,
     report_lock,
     training_length,
+    written,
 )
 from pe_bench.report.markdown import SKIPPED_NOTE, caption, write_csv
 from pe_bench.report.metrics import spec
@@ -94,7 +95,7 @@ def build_report(
     if options.metric not in metrics.names(metrics.LM):
         allowed = ", ".join(metrics.names(metrics.LM))
         raise UserError(f"metric {options.metric!r} is not one of {allowed}")
-    checked = load_records(root, record_problem)
+    checked = readable_hardware(load_records(root, record_problem))
     if (checked["mode"] == TASK_MODE).any():  # synthetic tasks: accuracies, their own report
         check_one_kind(root, checked)
         return build_task_report(root, out, checked, options, echo)
@@ -131,7 +132,8 @@ def build_report(
         write_tables(out / "tables", report)
         report.latex = write_latex(out / "tables", report, note)
         report.figures = draw_figures(out / "figures", root, df, report.tables, options, note)
-        report.latex += probes.write(report.context, out, figures.styles(aggregate.label_order(df)))
+        style = figures.report_styles(aggregate.label_order(df), families(df))
+        report.latex += probes.write(report.context, out, style)
         report.passkey = passkey_section(checked, out)
         report.latex += [out / "tables" / "passkey.tex"] if report.passkey else []
         report.ruler = ruler_section(checked, out)
@@ -253,6 +255,14 @@ def comparison_cells(comparisons: list[compare.Comparison]) -> pd.DataFrame:
     )[["table", *comparisons[0].cells.columns]]
 
 
+def readable_hardware(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its records' ``hardware`` as the text says it: records made before
+    ``records.device_name`` counted threads in the singular say "1 threads"."""
+    if "hardware" not in df:
+        return df
+    return df.assign(hardware=df["hardware"].str.replace(r"\b1 threads\b", "1 thread", regex=True))
+
+
 def draw_figures(
     folder: Path,
     root: Path,
@@ -270,7 +280,8 @@ def draw_figures(
     bands = aggregate.position_intervals(rows, df)  # the truncate mode's windows
     curves = aggregate.training_curves(load_rows(root, CURVE), df)
     labels = aggregate.label_order(df)
-    style = figures.styles(labels + [s for s in curves["label"].unique() if s not in labels])
+    labels += [s for s in curves["label"].unique() if s not in labels]
+    style = figures.report_styles(labels, families(df))
     metric, baseline = options.metric, options.baseline
     drawn = {}
     with figures.theme():
@@ -287,7 +298,7 @@ def draw_figures(
             if not bands.empty:
                 write_csv(folder / "position_loss_windows.csv", bands)
             drawn["positions"] = figures.save(
-                figures.position_figure(positions, style, train_len, note, bands),
+                figures.position_figure(positions, style, train_len, note, bands, families(df)),
                 folder,
                 "position_loss",
             )
@@ -330,7 +341,7 @@ def print_summary(report: Report, df: pd.DataFrame, note: str) -> None:
         print(f"\nComparison with {comparison.published.cite()}:")
         for sentence in comparison.sentences():
             print(f"- {sentence}")
-    print(f"\nreport: {report.path}")
+    print(f"\n{written(report)}")
 
 
 def markdown_report(

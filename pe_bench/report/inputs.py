@@ -156,6 +156,21 @@ class Report:
     tasks: list[str] = field(default_factory=list)  # a synthetic-task report's tasks
 
 
+def written(report: Report) -> str:
+    """Where the report's files are, as absolute paths (a relative one said little at the end
+    of a sweep started elsewhere): report.md, its figures and tables, and how to make a site."""
+    folder = report.path.resolve().parent
+    names = ", ".join(sorted(p.stem for p in report.figures.values())) or "none"
+    return "\n".join(
+        [
+            f"report: {folder / report.path.name}",
+            f"figures: {folder / 'figures'} ({names}; png and pdf)",
+            f"tables: {folder / 'tables'} (csv, md, tex)",
+            f"a leaderboard site: pe-bench-report {folder} --site DIR",
+        ]
+    )
+
+
 def load_rows(root: Path, name: str) -> pd.DataFrame:
     """Every row of every ``name`` JSON-lines file under ``root``, in sorted file order."""
     return pd.DataFrame([row for path in sorted(root.rglob(name)) for row in read_jsonl(path)])

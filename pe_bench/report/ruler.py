@@ -99,7 +99,7 @@ def section(records: pd.DataFrame, out: Path, bins: int = 5) -> list[str]:
         with figures.theme():
             fig = depth_figure(
                 depths, train_len, f"NIAH recall by depth and length, {niah['task'].nunique()} "
-                f"tasks pooled (pretraining context {train_len})",
+                f"tasks pooled (pretraining context {train_len})", bins, counted=False,
             )  # fmt: skip
             png = figures.save(fig, out / "figures", "ruler")
         lines += [

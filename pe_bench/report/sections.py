@@ -134,7 +134,8 @@ def summary_markdown(
             "an eval-time RoPE variant applied to the pretrained model."
         ) + weights_markdown(df)
     return (
-        f"{len(runs)} trained models ({', '.join(dict.fromkeys(runs['scheme']))}; seeds "
+        f"{len(runs)} trained model{'s' * (len(runs) != 1)} "
+        f"({', '.join(dict.fromkeys(runs['scheme']))}; seeds "
         f"{distinct(runs, 'seed')}), trained at L = {training_length(df)} tokens on "
         f"`{shared_value(df, 'corpus')}` and evaluated with {opts.mode} windows of {lengths} "
         f"tokens on the same {shared_count(df, 'tokens')} test tokens at every length. A label "

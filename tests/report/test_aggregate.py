@@ -177,6 +177,11 @@ def test_position_loss_averages_runs_then_log_buckets():
     curve = aggregate.position_loss(positions, prepared(rows), per_octave=1)
     # run means at positions 1..7: 3, 2, 3, 2, 2, 1, 1; position 8 was never scored
     assert curve[["position", "loss"]].values.tolist() == [[1, 3.0], [2.5, 2.5], [5.5, 1.5]]
+    # each run's bucket means (position 1: 4 and 2; 4..7: 1.25 and 1.75), a t-interval over runs
+    assert curve["n"].tolist() == [2, 2, 2]
+    t = 12.706204736  # t(0.975, 1 degree of freedom)
+    assert curve["ci_high"].iloc[0] == pytest.approx(3.0 + t * 1.0)
+    assert curve["ci_low"].iloc[2] == pytest.approx(1.5 - t * 0.25)
 
 
 def test_training_curves_mean_over_seeds():

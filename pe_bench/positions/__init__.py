@@ -29,6 +29,7 @@ from pe_bench.positions import (  # noqa: F401  (importing registers the built-i
     fourier,
     gates,
     logits,
+    long_context,
     polar,
     randomized,
     relative,

@@ -359,6 +359,7 @@ def position_figure(
     train_len: int,
     note: str = "",
     bands: pd.DataFrame | None = None,
+    title: str = "Loss by position inside the window",
     families: dict[str, str] | None = None,
 ) -> Figure:
     """Mean loss vs position inside the window: a column per eval length, a line per label
@@ -380,10 +381,7 @@ def position_figure(
         loss = "loss (nats/token)"
         row[0].set_ylabel(f"{family}\n{loss}" if family else loss)
         _side_legend(row[-1])
-    fig.suptitle(
-        f"Loss by position inside the window (dotted line: training length {train_len}; "
-        "bands: 95% interval)"
-    )
+    fig.suptitle(f"{title} (dotted line: training length {train_len}; bands: 95% interval)")
     footnote(fig, note)
     return fig
 

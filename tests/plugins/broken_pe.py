@@ -214,3 +214,13 @@ class LateLeak(PositionScheme):
         late = torch.zeros_like(out)
         late[..., 64:, :] = v[..., -1:, :]
         return out + late
+
+
+@register("broken_nan")
+class AllNaN(PositionScheme):
+    """Claims ``relative = True``; its bias is NaN everywhere, so are the model's outputs."""
+
+    relative = True
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        return torch.full((q_pos.shape[-1], k_pos.shape[-1]), float("nan"))

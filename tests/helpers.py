@@ -49,6 +49,8 @@ TRAINABLE = [
     "ssmax_alibi",
     "fox",
     "stickbreaking",
+    "path",
+    "nope_temp",
 ]
 VARIANTS = [
     "pi",
@@ -129,6 +131,8 @@ NOT_RELATIVE = [
     "leaky_rerope",
     "self_extend",
     "irope",
+    "path",
+    "nope_temp",
 ]
 
 

@@ -26,12 +26,14 @@ from pe_bench.positions import (  # noqa: F401  (importing registers the built-i
     contextual,
     fire,
     gates,
+    householder,
     logits,
     randomized,
     relative,
     rerope,
     rotary,
     rotary_zoo,
+    temperature,
 )
 from pe_bench.positions.base import ModelDims, PositionScheme, register, registered
 from pe_bench.positions.fingerprint import class_key

@@ -13,7 +13,7 @@ Three kinds of trial, each against an uninterrupted run of the same command (its
   in half the trials one of the two is SIGKILLed and rerun after.
 
 Each trial's folder is then compared with the reference's file by file as
-``kill_anywhere.compare_folders`` does (records row by row less time, memory, date and host;
+``same_outputs.compare_folders`` does (records row by row less time, memory, date and host;
 checkpoints less ``elapsed``; report and cost table masked the same way; every other file byte
 for byte; ``cli.log`` left out: every process appends to it). Beside that, every process that
 exits 0 must leave its outputs at that moment (the report, and each job folder's records as
@@ -44,6 +44,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from same_outputs import compare_folders
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "examples" / "my_pe"
@@ -148,7 +150,7 @@ def environment() -> dict[str, str]:
 
 
 def place_command(committed: Path, out: Path) -> list[str]:
-    code = "from pe_bench.run.place import main; main()"
+    code = "from pe_bench.cli.place import main; main()"
     args = ["my_pe", "--onto", str(committed), "--plugin", "my_pe", "--out", str(out)]
     return [sys.executable, "-c", code, *args]
 
@@ -315,8 +317,6 @@ def pair(kind: Kind, number: int, work: Path, rng: random.Random) -> Trial:
 
 def compared(kind: Kind, folder: Path, result: Trial) -> None:
     """The trial's outputs against the reference's; no temporary copy left."""
-    from kill_anywhere import compare_folders
-
     rename = (str(folder), str(kind.root))
     result.mismatches += compare_folders(kind.reference, kind.outputs(folder), rename)
     result.mismatches += [f"left {p.name}" for p in folder.glob(".*.copy-*")]

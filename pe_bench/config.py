@@ -23,39 +23,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from pe_bench.errors import UserError
 
-
-def trained_option(key: str, default: Any, *, _parent_: DictConfig, _root_: DictConfig) -> Any:
-    """``${trained_option:base,10000.0}``: the trained scheme's ``pe.<key>`` (else ``default``),
-    the value an eval-time variant or a fine-tune's scheme takes by default. A variant mounted
-    as ``pe`` itself (``pe=pi``, which plan refuses) gets ``default`` instead of reading itself."""
-    if _parent_._get_full_key(None) == "pe":
-        return default
-    return OmegaConf.select(_root_, f"pe.{key}", default=default)
-
-
-OmegaConf.register_new_resolver("trained_option", trained_option, replace=True)
-
-
-def longest_eval_len(*, _root_: DictConfig) -> int | None:
-    """``${longest_eval_len:}``: the longest length the run evaluates, ``eval.lengths`` or
-    ``eval.factors`` x the training length as ``EvalConfig.eval_lengths`` computes them (for a
-    variant that sets itself up for it, as leaky ReRoPE's k). The training length is
-    ``train.seq_len``, or a pretrained model's ``model.train_len``; None where it is not in
-    the config (a pretrained model's read from its own config) or outside a run's config."""
-    lengths = OmegaConf.select(_root_, "eval.lengths", default=None)
-    if not lengths:
-        factors = OmegaConf.select(_root_, "eval.factors", default=None)
-        pretrained = OmegaConf.select(_root_, "model.source", default=None) == "hf"
-        where = "model.train_len" if pretrained else "train.seq_len"
-        train_len = OmegaConf.select(_root_, where, default=None)
-        if not factors or train_len is None:
-            return None
-        lengths = [round(f * train_len) for f in factors]
-    return int(max(lengths))
-
-
-OmegaConf.register_new_resolver("longest_eval_len", longest_eval_len, replace=True)
-
 T = TypeVar("T")
 
 

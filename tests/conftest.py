@@ -36,9 +36,9 @@ def unrendered_figures(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
     """Fast-lane tests check what a report says and which files it writes, not how its
     figures render: there each figure is built whole (its data, axes and artists) but not
     drawn, and its PNG is an empty file (drawing is 60% of a small report's time, at any
-    resolution). Tests marked ``real_figures`` or ``slow`` (test_plots.py, the committed
-    reports' regeneration) and every ``pe-bench`` process a test starts draw and save figures
-    as a report does."""
+    resolution). Tests marked ``real_figures`` or ``slow`` (report/test_figures.py, the
+    committed reports' regeneration) and every ``pe-bench`` process a test starts draw and save
+    figures as a report does."""
     if request.node.get_closest_marker("real_figures") or request.node.get_closest_marker("slow"):
         return
     from pe_bench.records import atomic_write_text
@@ -67,5 +67,5 @@ def smoke(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
 @pytest.fixture
 def tiny_config() -> Callable[..., DictConfig]:
     """The real Hydra config shrunk to a run that takes a second (``TINY``): call it with
-    more overrides, e.g. ``tiny_config("pe=alibi")``, and pass the result to ``cli.run``."""
+    more overrides, e.g. ``tiny_config("pe=alibi")``, and pass the result to ``cli.bench.run``."""
     return lambda *overrides: compose(*TINY, *overrides)

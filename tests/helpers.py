@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shlex
@@ -19,12 +20,13 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig
 from PIL import Image
 
+from pe_bench.cli.report import main as report_main
 from pe_bench.model.gpt import GPT, ModelConfig, build_model
 from pe_bench.records import write_jsonl
 from pe_bench.report import aggregate
-from pe_bench.report.cli import main as report_main
 
 # Every trainable scheme, and the eval-time variants with the scheme they apply to.
+ROOT = Path(__file__).parents[1]  # the repository
 CLASSIC = ["nope", "sinusoidal", "learned", "t5", "xl", "rope", "alibi"]
 TRAINABLE = [
     *CLASSIC,
@@ -49,6 +51,7 @@ TRAINABLE = [
     "ssmax_alibi",
     "fox",
     "stickbreaking",
+    "pope",
     "path",
     "nope_temp",
 ]
@@ -111,6 +114,7 @@ RELATIVE = [
     "longrope",
     "dape_kerple",
     "dape_alibi",
+    "pope",
 ]
 NOT_RELATIVE = [
     "nope",
@@ -155,7 +159,7 @@ def with_variant(scheme: str, train_len: int = 16) -> GPT:
 
 
 # A run small enough for a test: smoke model, 3 steps, 3 eval lengths, the perplexity records
-# only (the tests count them; tests/test_probes.py switches the context-use probes back on).
+# only (the tests count them; tests/run/test_probes.py switches the context-use probes back on).
 TINY = [
     "model=smoke",
     "train.seq_len=16",
@@ -326,3 +330,8 @@ def assert_regenerates(folder: Path, tmp_path: Path) -> None:
 
 def _files(path: Path) -> list[Path]:
     return [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The JSON lines of ``path`` as they are (no line skipped, unlike ``records.read_jsonl``)."""
+    return [json.loads(line) for line in path.read_text().splitlines()]

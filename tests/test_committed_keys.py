@@ -11,7 +11,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from pe_bench import cli
+from pe_bench.cli import bench
 from pe_bench.records import RECORDS, read_jsonl
 from pe_bench.run.store import BYTES, RunStore
 
@@ -66,7 +66,7 @@ def test_a_committed_record_recomputed_by_todays_code_gives_its_numbers(tmp_path
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        again = {(r["variant"], r["eval_len"], r["mode"]): r for r in cli.run(cfg, tmp_path)}
+        again = {(r["variant"], r["eval_len"], r["mode"]): r for r in bench.run(cfg, tmp_path)}
     finally:
         torch.set_num_threads(threads)
     assert len(again) == len(stored) and {r["git_sha"][:7] for r in stored} == {"2a615fa"}

@@ -1,18 +1,46 @@
-"""The package's shape, held by tests: imports only go down (no circle, none hidden in a
-function or behind ``TYPE_CHECKING``), no module a newcomer cannot read whole, and ``cli.py`` the
-thin wrapper its docstring says it is (docs/layout.md draws the packages)."""
+"""The package's shape, held by tests: imports only go down the floors docs/layout.md draws
+(no circle, none hidden in a function or behind ``TYPE_CHECKING``), no module a newcomer cannot
+read whole, the entry points in ``cli/`` with ``pe-bench`` the thin wrapper its docstring says
+it is, Hydra's internals and the config resolvers each in one module, and ``tests/`` laid out
+as the package is."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
+import tomllib
 
-PACKAGE = Path(__file__).parents[1] / "pe_bench"
+from tests.helpers import ROOT
+
+PACKAGE = ROOT / "pe_bench"
+TESTS = ROOT / "tests"
 MAX_MODULE_LINES = 500
+MAX_TEST_LINES = 500
 MAX_FUNCTION_LINES = 60
 MAX_CLI_LINES = 150
+# docs/layout.md's floors: a package (or top-level module) imports only from lower floors.
+FLOORS = {
+    "cli": 7,
+    "pretrained": 6,
+    "run": 5,
+    "conformance": 5,
+    "report": 4,
+    "api": 4,  # a scheme in your own model: over model/ and positions/
+    "model": 3,
+    "data": 2,
+    "positions": 2,
+    "records": 1,
+    "config": 1,
+    "resolvers": 1,
+    "errors": 0,
+}
+# Test folders that mirror no package: the experiments' tests and the plugins tests import.
+NOT_MIRRORED = {"experiments", "plugins"}
+# Tests at the top of tests/ that check the repository as a whole, not one module.
+WHOLE_REPO = {"test_layout", "test_docs", "test_committed_keys", "test_reference_results"}
 
 
 def module_name(path: Path) -> str:
@@ -82,5 +110,66 @@ def test_modules_and_functions_are_short(name):
     assert not long, f"{name}: functions over {MAX_FUNCTION_LINES} lines: {', '.join(long)}"
 
 
+def floor_of(name: str) -> str:
+    """The floor ``name`` is on: its package below pe_bench, or its top-level module."""
+    return name.split(".")[1]
+
+
+def test_every_package_has_a_floor():
+    assert {floor_of(name) for name in MODULES if "." in name} == set(FLOORS)
+
+
+def test_imports_only_go_down_the_floors():
+    up = [
+        f"{name} imports {dep}"
+        for name in MODULES
+        if "." in name
+        for dep in imported_modules(name)
+        if floor_of(dep) != floor_of(name) and FLOORS[floor_of(dep)] >= FLOORS[floor_of(name)]
+    ]
+    assert not up, "imports that do not go down (tests/test_layout.py FLOORS): " + "; ".join(up)
+
+
 def test_cli_is_thin():
-    assert len((PACKAGE / "cli.py").read_text().splitlines()) < MAX_CLI_LINES
+    assert len((PACKAGE / "cli" / "bench.py").read_text().splitlines()) < MAX_CLI_LINES
+
+
+def test_every_console_script_is_a_module_of_cli():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    modules = {target.split(":")[0] for target in scripts.values()}
+    assert {m.rsplit(".", 1)[0] for m in modules} == {"pe_bench.cli"}, scripts
+    assert all(m in MODULES for m in modules)
+
+
+def modules_matching(pattern: str) -> set[str]:
+    return {name for name, path in MODULES.items() if re.search(pattern, path.read_text())}
+
+
+def test_hydras_internals_are_imported_in_one_module():
+    imports = r"(?m)^\s*(from|import) hydra\._internal"
+    assert modules_matching(imports) == {"pe_bench.cli.hydra_private"}
+
+
+def test_resolvers_are_registered_in_one_place():
+    assert modules_matching(r"register_new_resolver") == {"pe_bench.resolvers"}
+    assert modules_matching(r"register_resolvers\(\)") == {"pe_bench", "pe_bench.resolvers"}
+
+
+TEST_FILES = sorted(TESTS.rglob("*.py"))
+
+
+def test_tests_mirror_the_package():
+    """Each folder of tests/ is a package of pe_bench/ (but ``NOT_MIRRORED``); each test file
+    at the top tests a top-level module (test_records.py: records.py) or the whole repo."""
+    folders = {p.parent.relative_to(TESTS) for p in TEST_FILES} - {Path(".")}
+    stray = [
+        str(f) for f in folders if f.parts[0] not in NOT_MIRRORED and not (PACKAGE / f).is_dir()
+    ]
+    assert not stray, f"tests/ folders that mirror no package of pe_bench/: {stray}"
+    top = {p.stem for p in TESTS.glob("test_*.py")} - WHOLE_REPO
+    assert not [t for t in top if not (PACKAGE / f"{t.removeprefix('test_')}.py").exists()]
+
+
+@pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: str(p.relative_to(TESTS)))
+def test_test_files_are_short(path):
+    assert len(path.read_text().splitlines()) <= MAX_TEST_LINES, f"{path} is over the cap"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import assert_regenerates
+from tests.helpers import assert_regenerates
 
 RESULTS = Path(__file__).parents[1] / "results"
 COMMITTED = sorted(p for p in RESULTS.glob("*") if p.is_dir() and any(p.rglob("records.jsonl")))

@@ -56,8 +56,9 @@ every term to count, e.g. zero-initialised tables) and verify:
   without a mask), the bias minus that term is the same along every query's row;
 - ``reference``: when the scheme has ``score_bias_reference``, it equals ``score_bias``.
 
-Each check is a function in ``pe_bench.conformance.checks``, run in this order (``CHECKS``);
-``pe_bench.conformance.harness`` builds the tiny model they share.
+Each check is a function in ``pe_bench.conformance.checks`` (the model's contract),
+``hooks`` (what the logit hooks declare) or ``attend`` (a scheme's own attention), run in this
+order (``CHECKS``); ``pe_bench.conformance.harness`` builds the tiny model they share.
 """
 
 from __future__ import annotations
@@ -74,24 +75,26 @@ import torch
 from pe_bench.conformance.attend import check_attend
 from pe_bench.conformance.calibrate import check_calibration
 from pe_bench.conformance.checks import (
-    check_attention_mask,
     check_build,
     check_causality,
-    check_content_bias,
     check_determinism,
     check_devices_dtypes,
     check_gradients,
-    check_key_bias,
     check_lengths,
-    check_logit_hooks,
     check_query_chunks,
+)
+from pe_bench.conformance.cost import Cost, scheme_cost
+from pe_bench.conformance.harness import Failed, Setup, Skipped, build_setup
+from pe_bench.conformance.hooks import (
+    check_attention_mask,
+    check_content_bias,
+    check_key_bias,
+    check_logit_hooks,
     check_reference,
     check_relative,
     check_score_mod,
     check_shared_bias,
 )
-from pe_bench.conformance.cost import Cost, scheme_cost
-from pe_bench.conformance.harness import Failed, Setup, Skipped, build_setup
 from pe_bench.errors import UserError
 from pe_bench.model.gpt import ModelConfig
 from pe_bench.positions import PositionScheme

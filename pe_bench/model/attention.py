@@ -15,7 +15,8 @@ chunked or sliding-window attention) puts ``-inf`` on them in its float mask
 (``masked_logit_bias``) or its explicit path (``allowed_keys``), never through a fused
 kernel, a mask copied by distance or FlexAttention. ``reference_attention`` writes the math
 out; tests hold the paths equal. On the CPU a chunk is sized to stay in cache
-(``query_chunk``).
+(``query_chunk``). ``attend`` picks the path (``attention_path``) for the benchmark's model and
+for ``pe_bench.api`` alike.
 
 Shapes: q ``[b, n_h, s_q, h_d]``, k and v ``[b, n_h, s_k, h_d]``; the queries are the last s_q
 of the s_k positions, so query i may see keys j <= s_k - s_q + i.
@@ -26,6 +27,8 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -36,11 +39,11 @@ from pe_bench.positions.base import PositionScheme, ScoreMod
 
 
 def attention_path(pe: PositionScheme) -> str:
-    """The path ``model.gpt.CausalSelfAttention.attend`` takes for ``pe``, decided by the
-    scheme's hooks alone, the most fused first (FlexAttention, where ``model.attention``
-    turns it on, replaces the ``distance`` and ``mask`` paths of a scheme with a ``score_mod``
-    and no ``attention_mask``): ``scheme`` (the scheme's own ``attend``, from the layer's
-    input), ``explicit``, ``mask``, ``key_bias``, ``causal``, ``distance``."""
+    """The path ``attend`` takes for ``pe``, decided by the scheme's hooks alone, the most
+    fused first (FlexAttention, where ``model.attention`` turns it on, replaces the
+    ``distance`` and ``mask`` paths of a scheme with a ``score_mod`` and no
+    ``attention_mask``): ``scheme`` (the scheme's own ``attend``, from the layer's input),
+    ``explicit``, ``mask``, ``key_bias``, ``causal``, ``distance``."""
     if pe.has_own_attention:  # the scheme attends itself, reading the layer's input
         return "scheme"
     if pe.has_logits_hook:  # the scheme rewrites logits or weights: written out
@@ -100,6 +103,15 @@ def masked_logit_bias(
     if bias is None:
         bias = torch.zeros(keep.shape, device=q.device, dtype=torch.float32)
     return bias.masked_fill(~keep, float("-inf"))
+
+
+def widened(v: Tensor, width: int) -> Tensor:
+    """``v`` with zero columns up to ``width``, the width of q and k where a scheme widens them
+    (PoPE's real and imaginary parts): CPU SDPA has fused kernels for one width only, and
+    with v narrower it ran 9x slower (1 thread, b 8, 4 heads, 1024 tokens, q and k 64 wide:
+    1.08 s against 0.18 s with v padded to 64, 0.12 s for rope's 32). The caller keeps the
+    output's first ``v`` columns."""
+    return v if v.shape[-1] == width else F.pad(v, (0, width - v.shape[-1]))
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -376,3 +388,76 @@ def explicit_attention(
             weights = pe.attention_weights(logits, allowed)
             outputs.append((weights @ v[:, :, :end].float()).to(q.dtype))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+
+
+# ---- the one dispatch: the model's layers and the public API (pe_bench.api) call it ---------
+
+
+@dataclass(frozen=True)
+class ForwardContext:
+    """What every layer needs for one forward pass, built once (``forward_context``)."""
+
+    pe: PositionScheme
+    pos: Tensor  # [s]: the position of each index
+    flex: bool  # the scheme's logit term goes into FlexAttention (see use_flex)
+    bias_cache: dict | None  # masked biases built once and shared by all layers (shared_bias)
+
+
+def forward_context(
+    pe: PositionScheme, pos: Tensor, mode: str, num_heads: int, grad: bool
+) -> ForwardContext:
+    """The context of a forward pass over positions ``pos`` under ``model.attention=mode``
+    (``grad``: whether gradients are on): FlexAttention only for a term it can take (no
+    logit hook, no hidden keys; a ``key_bias`` term needs no mask at any length, so only when
+    asked for), and one mask for all layers unless a per-layer scale multiplies it or a mask
+    hides keys."""
+    flex = (
+        pe.has_score_bias
+        and not (pe.has_logits_hook or pe.has_attention_mask)
+        and use_flex(mode, num_heads, pos.shape[-1], grad, pos.device.type)
+        and (not pe.has_key_bias or mode == "flex")
+    )
+    shared = pe.shared_bias and not (pe.scales_bias or pe.has_attention_mask)
+    return ForwardContext(pe, pos, flex, {} if shared else None)
+
+
+def attend(
+    q: Tensor, k: Tensor, v: Tensor, ctx: ForwardContext, layer: int, x: Tensor | None = None
+) -> Tensor:
+    """Causal attention of queries and keys already through the scheme's ``transform_qk``,
+    ``[b, n_h, s, h_d]``, on the path ``attention_path`` names for ``ctx.pe``; ``x`` is the
+    layer's normed input ``[b, s, d]``, which only a scheme's own ``attend`` reads. Where the
+    scheme widened q and k (PoPE), v attends widened with zeros (``widened``) and the output
+    keeps v's width."""
+    width = v.shape[-1]
+    return _on_path(q, k, widened(v, q.shape[-1]), ctx, layer, x)[..., :width]
+
+
+def _on_path(
+    q: Tensor, k: Tensor, v: Tensor, ctx: ForwardContext, layer: int, x: Tensor | None
+) -> Tensor:
+    """``attend`` with v as wide as q and k."""
+    pe, pos = ctx.pe, ctx.pos
+    path = attention_path(pe)
+    if path == "scheme":
+        return pe.attend(x, q, k, v, pos, layer)
+    if path == "explicit":
+        return explicit_attention(q, k, v, pos, pe, layer)
+    if path == "key_bias":
+        term = pe.key_bias(q, k, pos, pos, layer)
+        if ctx.flex:  # model.attention=flex only
+            return flex_attention(q, k, v, key_score_mod(term))
+        return key_biased_attention(q, k, v, term)
+    if path == "causal":
+        return causal_attention(q, k, v)
+    if pe.has_attention_mask:  # hidden keys' -inf in float masks: no fused kernel
+        bias_fn = partial(masked_logit_bias, pe, layer=layer)
+        return biased_attention(q, k, v, pos, bias_fn, ctx.bias_cache)
+    score_mod = pe.score_mod(pos, pos, layer) if ctx.flex else None
+    if score_mod is not None:  # the scheme's term inside FlexAttention
+        return flex_attention(q, k, v, score_mod)
+    if path == "distance":  # masks copied from the term's table by distance
+        return distance_attention(q, k, v, pe.bias_by_distance(pos, layer))
+    # the scheme's term in float masks, by query chunks
+    bias_fn = partial(pe.logit_bias, layer=layer)
+    return biased_attention(q, k, v, pos, bias_fn, ctx.bias_cache)

@@ -27,19 +27,7 @@ from torch import Tensor, nn
 
 from pe_bench.config import Range, check_fields
 from pe_bench.errors import UserError
-from pe_bench.model.attention import (
-    ATTENTION,
-    attention_path,
-    biased_attention,
-    causal_attention,
-    distance_attention,
-    explicit_attention,
-    flex_attention,
-    key_biased_attention,
-    key_score_mod,
-    masked_logit_bias,
-    use_flex,
-)
+from pe_bench.model.attention import ATTENTION, ForwardContext, attend, forward_context
 from pe_bench.positions import ModelDims, PositionScheme, build_scheme
 
 
@@ -88,16 +76,6 @@ def check_attention(cfg: ModelConfig, device: torch.device | str) -> None:
         )
 
 
-@dataclass(frozen=True)
-class ForwardContext:
-    """What every block needs for one forward pass, built once by ``GPT.forward``."""
-
-    pe: PositionScheme
-    pos: Tensor  # [s]: the position of each index
-    flex: bool  # the scheme's logit term goes into FlexAttention (see attention.use_flex)
-    bias_cache: dict | None  # masked biases built once and shared by all layers (shared_bias)
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -113,41 +91,8 @@ class CausalSelfAttention(nn.Module):
         # [b, s, d] -> [b, n_h, s, h_d]
         q, k, v = (t.view(b, s, self.num_heads, -1).transpose(1, 2) for t in (q, k, v))
         q, k = pe.transform_qk(q, k, pos, pos, self.layer)
-        y = self.attend(q, k, v, ctx, x)  # [b, n_h, s, h_d]
+        y = attend(q, k, v, ctx, self.layer, x)  # [b, n_h, s, h_d]
         return self.proj(y.transpose(1, 2).reshape(b, s, d))
-
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: ForwardContext, x: Tensor) -> Tensor:
-        """Attention on the path the scheme's hooks allow (``attention_path``); ``x`` is the
-        layer's normed input, which only a scheme's own ``attend`` reads."""
-        pe, pos = ctx.pe, ctx.pos
-        path = attention_path(pe)
-        if path == "scheme":
-            return pe.attend(x, q, k, v, pos, self.layer)
-        if path == "explicit":
-            return explicit_attention(q, k, v, pos, pe, self.layer)
-        if path == "key_bias":
-            return self.key_biased(q, k, v, ctx)
-        if path == "causal":
-            return causal_attention(q, k, v)
-        if pe.has_attention_mask:  # hidden keys' -inf in float masks: no fused kernel
-            bias_fn = partial(masked_logit_bias, pe, layer=self.layer)
-            return biased_attention(q, k, v, pos, bias_fn, ctx.bias_cache)
-        score_mod = pe.score_mod(pos, pos, self.layer) if ctx.flex else None
-        if score_mod is not None:  # the scheme's term inside FlexAttention
-            return flex_attention(q, k, v, score_mod)
-        if path == "distance":  # masks copied from the term's table by distance
-            return distance_attention(q, k, v, pe.bias_by_distance(pos, self.layer))
-        # the scheme's term in float masks, by query chunks
-        bias_fn = partial(pe.logit_bias, layer=self.layer)
-        return biased_attention(q, k, v, pos, bias_fn, ctx.bias_cache)
-
-    def key_biased(self, q: Tensor, k: Tensor, v: Tensor, ctx: ForwardContext) -> Tensor:
-        """Attention with the scheme's ``key_bias``: fused SDPA, or its ``score_mod`` in
-        FlexAttention where ``ctx.flex`` (``model.attention=flex`` only)."""
-        term = ctx.pe.key_bias(q, k, ctx.pos, ctx.pos, self.layer)
-        if ctx.flex:
-            return flex_attention(q, k, v, key_score_mod(term))
-        return key_biased_attention(q, k, v, term)
 
 
 class MLP(nn.Module):
@@ -204,19 +149,8 @@ class GPT(nn.Module):
         seq_len = idx.shape[1]
         pos = self.pe.positions(seq_len, idx.device)  # [s]
         x = self.pe.embed(self.tok_emb(idx), pos)  # [b, s, d]
-        pe = self.pe
-        heads, device = self.cfg.num_heads, idx.device.type
-        flex = (
-            pe.has_score_bias
-            and not (pe.has_logits_hook or pe.has_attention_mask)
-            and use_flex(self.cfg.attention, heads, seq_len, torch.is_grad_enabled(), device)
-            # a key_bias term needs no mask at any length: FlexAttention only when asked for
-            and (not pe.has_key_bias or self.cfg.attention == "flex")
-        )
-        # one mask for all layers, unless a per-layer scale multiplies it or a mask hides keys
-        shared = pe.shared_bias and not (pe.scales_bias or pe.has_attention_mask)
-        bias_cache = {} if shared else None
-        ctx = ForwardContext(self.pe, pos, flex, bias_cache)
+        grad = torch.is_grad_enabled()
+        ctx = forward_context(self.pe, pos, self.cfg.attention, self.cfg.num_heads, grad)
         for block in self.blocks:
             x = block(x, ctx)
         logits = self.head(self.ln_f(x))  # [b, s, V]

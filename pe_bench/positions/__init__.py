@@ -28,6 +28,7 @@ from pe_bench.positions import (  # noqa: F401  (importing registers the built-i
     gates,
     householder,
     logits,
+    polar,
     randomized,
     relative,
     rerope,

@@ -378,7 +378,10 @@ class PositionScheme(nn.Module):
     def rotate(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
     ) -> tuple[Tensor, Tensor]:
-        """Rotate or rescale queries ``[b, n_h, s_q, h_d]`` and keys ``[b, n_h, s_k, h_d]``."""
+        """Rotate or rescale queries ``[b, n_h, s_q, h_d]`` and keys ``[b, n_h, s_k, h_d]``.
+        Both may come back widened to one other width (PoPE: ``[.., 2 h_d]``): the model pads
+        v with zeros to it and keeps the output's first h_d columns; q . k is then divided by
+        the square root of that width."""
         return q, k
 
     def logit_scale(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor | None:

@@ -20,10 +20,10 @@ context, and applied in one of two ways (``model.rope_impl``):
   with those ``rope_parameters``; the other variants fall back to the pe-bench hook. Each
   record's ``rope_impl`` says which one computed it.
 
-``tests/test_hf.py`` holds both ways to the same logits on tiny random-weight models, so a
-result can be trusted either way. On a partial-rotary model (Pythia rotates a quarter of each
-head) an attention factor on cos and sin scales only the rotated part of q . k: HF does so,
-and pe-bench follows it (an ``attention_factor`` goes on cos and sin, not on q).
+``tests/pretrained/test_hf.py`` holds both ways to the same logits on tiny random-weight models, so
+a result can be trusted either way. On a partial-rotary model (Pythia rotates a quarter of each
+head) an attention factor on cos and sin scales only the rotated part of q . k: HF does so, and
+pe-bench follows it (an ``attention_factor`` goes on cos and sin, not on q).
 
 The confidence intervals of a pretrained model are over ``model.test_slices`` disjoint slices
 of the test split (one model, so no seeds): slice k is scored as its own run, with ``seed`` =

@@ -1,7 +1,7 @@
 """The numbers of a report: records in, seed statistics, ratios and extrapolation scores out.
 
 Pure pandas, no files and no plotting, so that every number a report shows can be checked
-against a hand computation (``tests/test_aggregate.py``).
+against a hand computation (``tests/report/test_aggregate.py``).
 
 - **Seeds.** Each (label, eval length) cell is the mean over seeds with a 95% confidence
   interval from the t-distribution (``mean ± t(0.975, n-1) · sd / sqrt(n)``; none when n = 1);

@@ -15,7 +15,7 @@ papers' are per word or per subword token, pe-bench's per byte), so the comparis
   training length, where extrapolation happens.
 
 Pure pandas on a run's seed statistics (``aggregate.seed_stats``) and a ``Published`` table,
-so every number can be checked by hand (``tests/test_compare.py``).
+so every number can be checked by hand (``tests/report/test_compare.py``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ exit status 1, after the line that says why.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.util
 import logging
 import os
@@ -25,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from pe_bench.errors import UserError, os_message
 from pe_bench.records import COMMANDS, atomic_write_text, searchpath, sweep_command
@@ -37,19 +36,6 @@ from pe_bench.run.store import FAILED
 
 log = logging.getLogger("pe_bench")
 
-
-def run_dir_name(overrides: str) -> str:
-    """A job folder named after its overrides (``${run_dir:...}`` in conf/config.yaml):
-    ``default`` without any, no ``/`` (a value like ``data.path=/a/b`` would nest folders), and
-    a hash suffix instead of a name over 120 bytes (filesystems refuse names over 255)."""
-    name = overrides.replace("/", "_") or "default"
-    if len(name.encode()) > 120:
-        digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-        name = name.encode()[:100].decode(errors="ignore") + "-" + digest
-    return name
-
-
-OmegaConf.register_new_resolver("run_dir", run_dir_name, replace=True)
 
 DONE = ".done"  # touched in a job folder when the job ends: sweep progress across processes
 

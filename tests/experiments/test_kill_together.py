@@ -1,7 +1,7 @@
 """experiments/kill_together.py's parts that start no process: the phase a placement's output
 line starts, the comparison of two folders and what a process that exits 0 must leave (the
-trials themselves run in the committed experiment; tests/test_resume.py and
-tests/test_place.py start two sweeps and two placements at once)."""
+trials themselves run in the committed experiment; tests/run/test_resume.py and
+tests/cli/test_place.py start two sweeps and two placements at once)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ EXPERIMENTS = Path(__file__).parents[2] / "experiments"
 def together():
     sys.path.insert(0, str(EXPERIMENTS))
     try:
-        import kill_anywhere
         import kill_together
+        import same_outputs
     finally:
         sys.path.pop(0)
-    return kill_together, kill_anywhere
+    return kill_together, same_outputs
 
 
 PLACEMENT = [
@@ -49,17 +49,17 @@ def test_each_line_of_a_placement_starts_its_phase(together):
 
 
 def test_two_folders_are_compared_file_by_file_leaving_out_the_log(together, tmp_path):
-    _, kill_anywhere = together
+    _, same_outputs = together
     for name in ("ref", "got"):
         (tmp_path / name / "job").mkdir(parents=True)
         (tmp_path / name / "job" / "config.yaml").write_text(f"out: {tmp_path / name}\n")
         (tmp_path / name / "job" / "cli.log").write_text(f"{name} appended here\n")
     ref, got = tmp_path / "ref", tmp_path / "got"
     rename = (str(got), str(ref))
-    assert kill_anywhere.compare_folders(ref, got, rename) == []
+    assert same_outputs.compare_folders(ref, got, rename) == []
     (got / "job" / ".done").write_text("")
     (ref / "report.md").write_text("a report\n")
-    assert kill_anywhere.compare_folders(ref, got, rename) == [
+    assert same_outputs.compare_folders(ref, got, rename) == [
         "missing report.md",
         "extra job/.done",
     ]

@@ -11,8 +11,7 @@ import torch.nn.functional as F
 
 from pe_bench.model.attention import attention_logits, causal_allowed
 from pe_bench.positions import build_scheme
-
-from ..helpers import tiny_model
+from tests.helpers import tiny_model
 
 # ---- FoX -------------------------------------------------------------------------------------
 

@@ -13,8 +13,7 @@ from pe_bench.errors import UserError
 from pe_bench.model.attention import attention_logits, causal_allowed
 from pe_bench.positions import build_scheme
 from pe_bench.positions import logits as logits_module
-
-from ..helpers import tiny_model
+from tests.helpers import tiny_model
 
 # ---- DAPE ------------------------------------------------------------------------------------
 

@@ -6,8 +6,7 @@ import pytest
 
 from pe_bench.errors import UserError
 from pe_bench.positions import build_scheme, registered
-
-from ..helpers import NOT_RELATIVE, RELATIVE, TRAINABLE, VARIANTS
+from tests.helpers import NOT_RELATIVE, RELATIVE, TRAINABLE, VARIANTS
 
 
 def test_every_card_scheme_is_registered():

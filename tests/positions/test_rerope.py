@@ -13,8 +13,7 @@ from pe_bench.model.attention import attention_logits, causal_allowed
 from pe_bench.positions import ModelDims, build_scheme
 from pe_bench.positions.rotary import rotate_half
 from pe_bench.run.config import RunConfig
-
-from ..helpers import compose
+from tests.helpers import compose
 
 
 def rope_at(rope, q: torch.Tensor, k: torch.Tensor, relative: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,7 @@ from pe_bench.errors import UserError
 from pe_bench.model.attention import attention_logits
 from pe_bench.positions import ModelDims, build_scheme
 from pe_bench.positions.rotary import apply_rotary
-
-from ..helpers import VARIANTS, WINDOWED
+from tests.helpers import VARIANTS, WINDOWED
 
 DIMS = ModelDims(d_model=32, num_heads=4, head_dim=8, num_layers=2, train_len=16)
 

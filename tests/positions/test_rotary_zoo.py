@@ -15,8 +15,7 @@ from pe_bench.errors import UserError
 from pe_bench.model.attention import attention_logits
 from pe_bench.positions import ModelDims, build_scheme
 from pe_bench.run.config import RunConfig
-
-from ..helpers import compose
+from tests.helpers import compose
 
 DIMS = ModelDims(d_model=32, num_heads=4, head_dim=8, num_layers=4, train_len=16)
 QUICK = ModelDims(d_model=128, num_heads=4, head_dim=32, num_layers=4, train_len=64)

@@ -1,0 +1,169 @@
+"""Figures: one style per label everywhere, the expected series, byte-stable files."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from PIL import Image
+
+from pe_bench.positions import scheme_family
+from pe_bench.report import aggregate, figures
+from tests.helpers import prepared, three_seeds
+
+
+def labelled_lines(ax) -> list:
+    return [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+
+
+def test_classic_labels_keep_their_style_whatever_else_is_there():
+    few = figures.styles(["rope", "alibi"])
+    many = figures.styles([*figures.CLASSIC_LABELS, "fire", "rope+yarn"])
+    assert few["rope"] == many["rope"] and few["alibi"] == many["alibi"]
+
+
+def test_twenty_labels_differ_in_colour_and_in_black_and_white():
+    labels = [*figures.CLASSIC_LABELS, *(f"scheme{i}" for i in range(11))]
+    style = figures.styles(labels).values()
+    assert len({(s.color, s.linestyle) for s in style}) == 20
+    assert len({(s.marker, s.linestyle) for s in style}) == 20
+
+
+def test_no_two_labels_share_colour_and_marker():
+    # The zoo has 21 labels: past 11 the colours come round, and the legend swatches (colour and
+    # marker, the line too short to show its dashes) must still tell every label apart.
+    labels = [*figures.CLASSIC_LABELS, *(f"scheme{i}" for i in range(40))]
+    style = figures.styles(labels).values()
+    assert len({(s.color, s.marker) for s in style}) == len(labels)
+
+
+def test_a_long_legend_wraps_into_columns_inside_the_figure():
+    labels = [*figures.CLASSIC_LABELS, *(f"scheme{i}" for i in range(21))]
+    rows = [
+        {"label": lab, "eval_len": length, "mean": 2.0 + i, "n": 1}
+        for i, lab in enumerate(labels)
+        for length in (16, 32)
+    ]
+    stats = pd.DataFrame(rows).assign(ci_low=float("nan"), ci_high=float("nan"))
+    with figures.theme():
+        fig = figures.length_figure(stats, figures.styles(labels), "ppl", train_len=16)
+        renderer = FigureCanvasAgg(fig).get_renderer()
+        fig.draw(renderer)
+        texts = fig.legends[0].get_texts()
+        assert [t.get_text() for t in texts] == labels
+        for text in texts:
+            box = text.get_window_extent(renderer)
+            assert fig.bbox.contains(box.x0, box.y0) and fig.bbox.contains(box.x1, box.y1), text
+
+
+def test_length_figure_has_a_line_per_label_and_bands_where_seeds():
+    df = prepared(three_seeds())
+    stats = aggregate.seed_stats(df, "ppl")
+    fig = figures.length_figure(stats, figures.styles(["rope", "alibi"]), "ppl", train_len=16)
+    (ax,) = fig.axes
+    lines = labelled_lines(ax)
+    assert [line.get_label() for line in lines] == ["rope", "alibi"]
+    alibi = stats[stats["label"] == "alibi"]
+    assert list(lines[1].get_ydata()) == list(alibi["mean"])
+    assert lines[1].get_color() == figures.styles(["alibi"])["alibi"].color
+    assert len(ax.collections) == 1  # a CI band for alibi (3 seeds), none for rope (1 seed)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["rope", "alibi"]
+
+
+def test_thirty_labels_are_drawn_as_a_panel_per_family():
+    """The zoo's 30+ lines in one panel were unreadable: past MAX_LINES, one panel per family,
+    each with its own legend, and nope/rope/alibi drawn faintly where they are not members."""
+    labels = ["nope", "rope", "alibi", *(f"scheme{i}" for i in range(30))]
+    families = {lab: f"family{i % 3}" for i, lab in enumerate(labels)}
+    families |= {"nope": "absolute", "rope": "rotary", "alibi": "bias"}
+    rows = [
+        {"label": lab, "eval_len": length, "mean": 2.0 + i, "n": 1}
+        for i, lab in enumerate(labels)
+        for length in (16, 32)
+    ]
+    stats = pd.DataFrame(rows).assign(ci_low=float("nan"), ci_high=float("nan"))
+    fig = figures.length_figure(stats, figures.styles(labels), "ppl", 16, families=families)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert sorted(ax.get_title() for ax in panels) == sorted(set(families.values()))
+    for ax in panels:
+        members = [lab for lab in labels if families[lab] == ax.get_title()]
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == members
+        landmarks = [t.get_text() for t in ax.texts if t.get_text() in figures.LANDMARKS]
+        assert sorted(landmarks) == sorted(set(figures.LANDMARKS) - set(members))
+    few = figures.length_figure(
+        stats[stats["label"].isin(labels[:5])], figures.styles(labels), "ppl", 16, families=families
+    )
+    assert len(few.axes) == 1  # a handful of lines stay in one panel
+
+
+def test_scheme_families_come_from_the_classes():
+    assert scheme_family("rope") == scheme_family("xpos") == "rotary"
+    assert scheme_family("alibi") == scheme_family("t5") == "additive bias"
+    assert scheme_family("nope") == scheme_family("learned") == "absolute or none"
+    assert scheme_family("xl") == scheme_family("cope") == "content-dependent and gated"
+    assert scheme_family("not_imported_plugin") == "plugins"
+
+
+def test_position_figure_has_a_panel_per_eval_length():
+    rows = [
+        {"label": lab, "eval_len": length, "position": p, "loss": 1.0}
+        for lab in ("rope", "alibi")
+        for length in (16, 32, 64, 128)
+        for p in (1, 2, 4)
+    ]
+    fig = figures.position_figure(pd.DataFrame(rows), figures.styles(["rope", "alibi"]), 16)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == [
+        f"windows of {n} tokens" for n in (16, 32, 64, 128)
+    ]
+    assert all(len(labelled_lines(ax)) == 2 for ax in panels)
+
+
+def test_curve_figure_has_training_and_validation_panels():
+    rows = [
+        {"label": "rope", "split": split, "step": step, "n": 1, "mean": 2.0, "ci_low": None,
+         "ci_high": None}
+        for split in ("train", "valid")
+        for step in (10, 20)
+    ]  # fmt: skip
+    fig = figures.curve_figure(pd.DataFrame(rows), figures.styles(["rope"]))
+    assert [ax.get_title() for ax in fig.axes] == ["training loss", "validation loss"]
+    assert all(len(labelled_lines(ax)) == 1 for ax in fig.axes)
+
+
+def test_heatmap_annotates_every_cell():
+    df = prepared(three_seeds())
+    ratio = aggregate.ratio_table(aggregate.seed_stats(df, "bpb"), baseline=16)
+    fig = figures.ratio_heatmap(ratio, "bpb", 16)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert texts == ["1.00", f"{2.0 / 0.9:.2f}", "1.00", f"{1.5 / 1.2:.2f}"]  # rope, alibi
+
+
+@pytest.mark.slow
+@pytest.mark.real_figures
+def test_saved_figures_are_valid_and_byte_stable(tmp_path):
+    stats = aggregate.seed_stats(prepared(three_seeds()), "bpb")
+    style = figures.styles(["rope", "alibi"])
+    with figures.theme():
+        first = figures.save(figures.length_figure(stats, style, "bpb", 16), tmp_path / "a", "f")
+        second = figures.save(figures.length_figure(stats, style, "bpb", 16), tmp_path / "b", "f")
+    assert first.read_bytes() == second.read_bytes()
+    assert first.with_suffix(".pdf").read_bytes() == second.with_suffix(".pdf").read_bytes()
+    assert first.with_suffix(".pdf").read_bytes().startswith(b"%PDF")
+    with Image.open(first) as image:
+        image.verify()
+        assert image.size[0] > 1000
+
+
+@pytest.mark.parametrize(("n", "labelled"), [(5, 5), (8, 8), (21, 7)])
+def test_a_length_axis_labels_at_most_eight_lengths_from_the_first(n, labelled):
+    """A task's 21 lengths (42 to 82) ran their labels into each other; every length keeps
+    its tick."""
+    from matplotlib.figure import Figure
+
+    lengths = [42 + 2 * i for i in range(n)]
+    ax = Figure().subplots()
+    figures._log2_lengths(ax, lengths)
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert list(ax.get_xticks()) == lengths and len(labels) == n
+    assert labels[0] == "42" and sum(bool(t) for t in labels) == labelled

@@ -24,6 +24,7 @@ from pe_bench.positions import (  # noqa: F401  (importing registers the built-i
     absolute,
     bias,
     contextual,
+    dropped,
     fire,
     gates,
     householder,

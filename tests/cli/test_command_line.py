@@ -118,7 +118,7 @@ def test_top_keys_are_the_composed_config_keys(tiny_config):
     assert set(tiny_config()) == set(TOP_KEYS)
 
 
-PE_OPTIONS = "alibi, cope, dape_alibi, dape_kerple, dynamic_ntk, fire, fox, hope, irope, kerple_log"
+PE_OPTIONS = "alibi, cope, dape_alibi, dape_kerple, drope, dynamic_ntk, fire, fox, hope, irope"
 TRAIN_KEYS = "batch_size, beta1, beta2, ckpt_every, compile, device, grad_clip, log_every, lr"
 
 # Bad input that only the console script meets: Hydra refuses it while composing, before
@@ -134,7 +134,7 @@ CONSOLE_BAD_INPUT = [
     (["logger=mlflow"], "logger=mlflow is not an option of logger; allowed: none, wandb"),
     (
         ["+finetune@finetunes.x=nosuch"],
-        "+finetune@finetunes.x=nosuch is not an option of finetune; allowed: ft, pi",
+        "+finetune@finetunes.x=nosuch is not an option of finetune; allowed: drope, ft, pi",
     ),
     (["experiment=nosuch"], "experiment=nosuch is not an option of experiment; allowed: alibi_"),
     (["+modle=smoke"], "unknown key modle (did you mean model?); allowed: compare, data,"),

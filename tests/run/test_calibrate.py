@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from pe_bench import cli
+from pe_bench.cli import bench
 from pe_bench.data.corpus import Corpus
 from pe_bench.model.gpt import ModelConfig, build_model
 from pe_bench.run.calibrate import calibrate_schemes, held_out_loss
@@ -69,9 +69,9 @@ def test_held_out_loss_is_the_mean_over_its_windows():
 
 
 def test_a_run_calibrates_every_length_and_its_records_say_so(tiny_config, tmp_path):
-    rows = cli.run(tiny_config("pe=nope_temp", "pe.steps=2", "pe.held_out_tokens=64"), tmp_path)
+    rows = bench.run(tiny_config("pe=nope_temp", "pe.steps=2", "pe.held_out_tokens=64"), tmp_path)
     assert sorted(r["eval_len"] for r in rows) == [16, 32, 64]
     for row in rows:
         assert "held-out nll" in row["calibration"] and "head search" in row["calibration"]
-    plain = cli.run(tiny_config("pe=nope"), tmp_path / "nope")
+    plain = bench.run(tiny_config("pe=nope"), tmp_path / "nope")
     assert not any("calibration" in row for row in plain)

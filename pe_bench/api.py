@@ -7,8 +7,10 @@ same two pieces it uses (see ``docs/your_model.md`` for a nanoGPT-style example)
 
     pe = position_scheme("alibi", num_heads=12, head_dim=64, num_layers=12, train_len=1024)
     pos = pe.positions(seq_len, device)     # once per forward pass, shared by the layers
+    pe.read_tokens(idx)                     # token ids [b, s]: BiPE reads them (a no-op else)
     x = pe.embed(token_embeddings, pos)     # absolute schemes add here; the others return x
     y = attention(q, k, v, pe, pos=pos, layer=i)   # in layer i: q, k, v [b, n_h, s, h_d]
+    pe.read_tokens(None)                    # after the pass
 
 ``position_scheme`` builds any registered scheme (the built-ins, a module named by
 ``plugin``, an installed entry point) with its options checked as a ``pe`` config's are.

@@ -43,13 +43,23 @@ COMMANDS = "commands.txt"  # in a sweep folder: the command of every sweep that 
 # the same values of these fields is the same measurement, computed once.
 # The ``mode`` of a record says what it measures:
 # perplexity over windows (pe_bench/run/evaluate.py); tail, a pretrained model's only: windows
-# that end at the scored targets, each scoring its last eval.stride (pe_bench/pretrained/tail.py)
-MODES = ("nonoverlap", "sliding", "tail")
+# that end at the scored targets, each scoring its last eval.stride (pe_bench/pretrained/tail.py);
+# truncate, a pretrained model's only: documents truncated to the window, every position scored
+# (the papers' protocol, pe_bench/pretrained/truncate.py)
+MODES = ("nonoverlap", "sliding", "tail", "truncate")
 TAIL_MODE = "tail"
+TRUNCATE_MODE = "truncate"
 PROBES = ("context_gain", "retrieval", "attention")  # context-use probes (pe_bench/run/probes.py)
 TASK_MODE = "task"  # a synthetic task (pe_bench/data/tasks.py): instances, not windows
 PASSKEY_MODE = "passkey"  # passkey retrieval on a pretrained model (pe_bench/pretrained/passkey.py)
+# RULER's tasks on a pretrained model, mode "ruler:<task>" (pe_bench/pretrained/ruler_eval.py)
+RULER_MODE = "ruler"
 RECORD_KEY = ("variant", "variant_hash", "eval_len", "mode", "stride", "tokens")
+
+
+def is_ruler(mode: object) -> bool:
+    """Whether a record's ``mode`` is one of RULER's tasks."""
+    return isinstance(mode, str) and mode.startswith(f"{RULER_MODE}:")
 
 
 def sweep_command(overrides: Iterable[str]) -> str:

@@ -52,6 +52,9 @@ TRAINABLE = [
     "fox",
     "stickbreaking",
     "pope",
+    "fope",
+    "bipe",
+    "cable",
     "path",
     "nope_temp",
 ]
@@ -135,6 +138,9 @@ NOT_RELATIVE = [
     "leaky_rerope",
     "self_extend",
     "irope",
+    "fope",
+    "bipe",
+    "cable",
     "path",
     "nope_temp",
 ]

@@ -78,9 +78,11 @@ class GPT(nn.Module):
 
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> Tensor:
         pos = self.pe.positions(idx.shape[1], idx.device)  # once per pass, for every layer
+        self.pe.read_tokens(idx)  # BiPE reads its segments from the tokens; others: nothing
         x = self.pe.embed(self.wte(idx), pos)  # sinusoidal and learned add here; others: x
         for block in self.h:
             x = block(x, self.pe, pos)
+        self.pe.read_tokens(None)  # the pass is over
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits

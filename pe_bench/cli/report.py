@@ -4,25 +4,23 @@ with ``--latex DIR`` (the report's LaTeX tables copied into a paper's folder) an
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from pe_bench.errors import OneLineParser, UserError, os_message
-from pe_bench.records import (
-    MODES,
-)
-from pe_bench.report.aggregate import METRICS
+from pe_bench.records import MODES, atomic_write_text
+from pe_bench.report import latex, metrics
 from pe_bench.report.build import build_report
 from pe_bench.report.inputs import Options
 from pe_bench.report.site import write_site
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> OneLineParser:
+    """The command's arguments."""
     parser = OneLineParser(prog="pe-bench-report", description=__doc__.split("\n")[0])
     parser.add_argument("results", help="folder with records (searched recursively)")
     parser.add_argument(
         "--metric",
-        choices=list(METRICS),
+        choices=metrics.names(metrics.LM),
         default="ppl",
         help="metric of the figures and the ratio table (default: ppl)",
     )
@@ -57,23 +55,45 @@ def main(argv: list[str] | None = None) -> None:
         "paper's folder",
     )
     parser.add_argument(
+        "--latex-style",
+        choices=list(latex.STYLES),
+        help="the form of the --latex copies: table (the default, as tables/*.tex: a column "
+        "wide, intervals small after their means), table* (a two-column paper's full width), "
+        "compact (means only, a smaller font), compact* (both)",
+    )
+    parser.add_argument(
         "--site",
         metavar="DIR",
         help="also write the report as a static leaderboard site into DIR (opens from the "
         "file system: DIR/index.html)",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
+    if args.latex_style and not args.latex:
+        parser.error(
+            f"--latex-style {args.latex_style} styles the --latex copies: add --latex DIR "
+            "(the report's own tables/*.tex keep the default style)"
+        )
     options = Options(args.metric, args.mode, args.baseline, tuple(args.schemes), args.compare)
     try:
         report = build_report(args.results, args.out, options)
         if args.latex:
-            Path(args.latex).mkdir(parents=True, exist_ok=True)
-            for path in report.latex:
-                shutil.copyfile(path, Path(args.latex) / path.name)
-            print(f"LaTeX tables: {len(report.latex)} in {args.latex}")
+            copy_latex(report.latex, Path(args.latex), args.latex_style or "table")
         if args.site:
             print(f"site: {write_site(report, Path(args.results), Path(args.site))}")
     except UserError as err:
         parser.error(str(err))
     except OSError as err:  # a read-only or full disk, an --out that cannot be made
         parser.error(f"{os_message(err)}; allowed: --out a folder you can write to")
+
+
+def copy_latex(tables: list[Path], folder: Path, style: str) -> None:
+    """The report's LaTeX tables, in ``style``, into ``folder`` (a paper's)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for path in tables:
+        atomic_write_text(folder / path.name, latex.restyle(path.read_text(), style))
+    print(f"LaTeX tables: {len(tables)} in {folder} (style {style})")

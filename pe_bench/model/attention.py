@@ -322,7 +322,7 @@ def key_biased_attention(q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor) -> T
         else:
             mask = masked_bias(None, q, k.shape[-2])
             y = F.scaled_dot_product_attention(q_ext, k_ext, v_ext, attn_mask=mask, scale=1.0)
-    return y[..., :d].to(dtype)
+    return y[..., : v.shape[-1]].to(dtype)
 
 
 def key_score_mod(key_bias: Tensor) -> ScoreMod:

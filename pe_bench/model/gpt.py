@@ -146,6 +146,13 @@ class GPT(nn.Module):
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> Tensor:
         """Token ids ``[b, s]`` -> next-token logits ``[b, s, V]``; with ``targets`` ``[b, s]``,
         the mean next-token cross-entropy in nats instead (what training and DDP call)."""
+        self.pe.read_tokens(idx)  # a scheme whose positions depend on the tokens keeps them
+        try:
+            return self._forward(idx, targets)
+        finally:
+            self.pe.read_tokens(None)
+
+    def _forward(self, idx: Tensor, targets: Tensor | None) -> Tensor:
         seq_len = idx.shape[1]
         pos = self.pe.positions(seq_len, idx.device)  # [s]
         x = self.pe.embed(self.tok_emb(idx), pos)  # [b, s, d]

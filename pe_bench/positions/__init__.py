@@ -23,9 +23,11 @@ from pe_bench.errors import UserError
 from pe_bench.positions import (  # noqa: F401  (importing registers the built-ins)
     absolute,
     bias,
+    bilevel,
     contextual,
     dropped,
     fire,
+    fourier,
     gates,
     householder,
     logits,

@@ -45,6 +45,10 @@ class PositionScheme(nn.Module):
 
     - ``positions(seq_len, device)``: the position of each index, ``[s]`` (randomized schemes
       resample them while ``self.training``);
+    - ``read_tokens(idx)``: the token ids ``[b, s]`` of the pass, before ``embed``, and None
+      after it: a scheme whose positions depend on the tokens (BiPE's segments) keeps what its
+      other hooks need from them for that pass (without tokens, as in a direct call of a
+      hook, it must act as on text without them);
     - ``embed(x, pos)``: add to the token embeddings (sinusoidal, learned);
     - ``transform_qk(q, k, q_pos, k_pos, layer)``: transform queries and keys. The default
       composes two finer hooks a scheme overrides instead:
@@ -200,6 +204,11 @@ class PositionScheme(nn.Module):
         return type(self).attention_mask is not PositionScheme.attention_mask
 
     @property
+    def reads_tokens(self) -> bool:
+        """True when the scheme reads the token ids of each pass (``read_tokens``)."""
+        return type(self).read_tokens is not PositionScheme.read_tokens
+
+    @property
     def has_own_attention(self) -> bool:
         """True when the scheme computes the attention itself (``attend``), from the layer's
         input: the model then calls ``attend`` in place of every attention path."""
@@ -247,6 +256,13 @@ class PositionScheme(nn.Module):
     def positions(self, seq_len: int, device: torch.device) -> Tensor:
         """Positions of a sequence of ``seq_len`` tokens: ``[s]``."""
         return torch.arange(seq_len, device=device)
+
+    def read_tokens(self, idx: Tensor | None) -> None:
+        """The token ids ``[b, s]`` of the forward pass about to run (None once it has run):
+        keep on the scheme what ``embed`` and the attention hooks of this pass need from them
+        (computed on their device, never read back to the host). The hooks see the same batch
+        and window, the queries as the last keys; called directly, without tokens, they act
+        as on text without any. Default: the tokens are not read."""
 
     def embed(self, x: Tensor, pos: Tensor) -> Tensor:
         """Token embeddings ``x: [b, s, d]`` -> ``[b, s, d]``."""

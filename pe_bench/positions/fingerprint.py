@@ -21,7 +21,8 @@ The key is a hash of two parts:
   layer the attention weights that ``transform_qk`` (``rotate``, ``logit_scale``),
   ``score_bias``/``logit_bias``, ``modify_logits``, ``attention_mask`` and
   ``attention_weights`` give, and for a scheme that attends itself (``attend``) its output on
-  fixed layer inputs, queries, keys and values; a RoPE variant's ``frequencies`` and
+  fixed layer inputs, queries, keys and values (a scheme that reads the tokens,
+  ``read_tokens``, reads fixed ones first); a RoPE variant's ``frequencies`` and
   ``attention_factor`` too (what a pretrained model receives); the state dict's names and
   shapes and the declared flags. So an edit of a formula anywhere (a helper function or
   module, ``base.py``'s defaults) changes the key when it changes what the hooks compute,
@@ -272,6 +273,9 @@ def _probe(
         scheme.seed_eval_positions(draw)
     pos = scheme.positions(s, torch.device("cpu"))
     out.add(f"{label} positions", pos)
+    reads_tokens = getattr(scheme, "reads_tokens", False)
+    if reads_tokens:  # only such schemes: other keys stay
+        scheme.read_tokens(_tokens(s))
     out.add(f"{label} embed", scheme.embed(_inputs((1, s, dims.d_model), s, 0), pos))
     for layer in range(dims.num_layers):
         shape = (1, dims.num_heads, s, dims.head_dim)
@@ -283,6 +287,15 @@ def _probe(
             x, v = _inputs((1, s, dims.d_model), s, layer, 3), _inputs(shape, s, layer, 4)
             tq, tk = scheme.transform_qk(q, k, pos, pos, layer)
             out.add(f"{label} layer {layer} attend", scheme.attend(x, tq, tk, v, pos, layer))
+    if reads_tokens:
+        scheme.read_tokens(None)
+
+
+def _tokens(s: int) -> torch.Tensor:
+    """``[1, s]`` fixed token ids for a scheme that reads them: the bytes of a few lines of
+    Python (newlines, full stops and spaces among them), repeated."""
+    text = b"import os.path\nx = os.path.join(a, b)\n\nif x:\n    print(x.upper())\n"
+    return torch.tensor(list(text * (s // len(text) + 1))[:s]).unsqueeze(0)
 
 
 def _weights(

@@ -1,6 +1,7 @@
 """Schemes whose only order signal is a learned gate between keys and query, with no position
-encoding otherwise: the Forgetting Transformer's forget gate (a logit bias) and stick-breaking
-attention (which replaces the softmax)."""
+encoding otherwise: the Forgetting Transformer's forget gate and CABLE's context-aware biases
+(logit biases accumulated along the sequence) and stick-breaking attention (which replaces the
+softmax)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,72 @@ class ForgetGate(PositionScheme):
         """-c_j, ``[b, n_h, s_k]``: D_ij less the query's own c_i, which the softmax cancels
         (the model attends by fused SDPA with it, no mask)."""
         return -self.log_gates(k, layer).cumsum(-1)
+
+
+@register("cable")
+class Cable(PositionScheme):
+    """Context-aware biases for length extrapolation (Veisi et al. 2025, "Context-aware Biases
+    for Length Extrapolation", https://arxiv.org/abs/2503.08067): per layer a projection of
+    the layer's normed input to one number per head, z_t = W x_t + b (W N(0, 0.02), b 0), and
+    the logit bias
+
+        B_ij = c_i - c_j,  c_t = -sum_{l<=t} softplus(z_l),
+
+    a decay accumulated over the tokens between key and query at a rate each token sets (its
+    form is FoX's with ln f_l = -softplus(z_l)). No position encoding otherwise. Reference
+    implementation: axiomlab/Cable ``src/Cable.py`` (``CausalSelfAttention``: ``h_attn`` =
+    Linear(n_embd, n_head) on the block's normed input, ``b = cumsum(-softplus(h_attn(x)))``,
+    ``Bias = b_i - b_j``, logits ``baddbmm(Bias, q / sqrt(C / n_embd), k / sqrt(C /
+    n_embd))``).
+
+    The bias reads x_t, which no logit hook sees, so the scheme attends itself (``attend``):
+    c_i cancels in the softmax and -c_j rides on the keys into fused causal SDPA, with no
+    mask. The code divides q and k by sqrt(C / n_embd) = 1, so its logits are q . k unscaled;
+    that is kept (``scaled: true`` gives q . k / sqrt(h_d), as the paper writes and every
+    other scheme here has). Causal: B_ij for j <= i reads tokens j+1..i. Not ``relative``: it
+    reads no position (translation invariant).
+
+    Args:
+        scaled (bool): divide q . k by sqrt(h_d). Default: False (the code).
+    """
+
+    def __init__(self, dims: ModelDims, *, scaled: bool = False) -> None:
+        super().__init__(dims)
+        self.scaled = scaled
+        self.weight = nn.Parameter(
+            0.02 * torch.randn(dims.num_layers, dims.num_heads, dims.d_model)
+        )
+        self.bias = nn.Parameter(torch.zeros(dims.num_layers, dims.num_heads))
+
+    @property
+    def caveat(self) -> str:
+        if self.scaled:
+            return ""
+        return (
+            "logits q . k unscaled, as the authors' code computes them (q and k divided by "
+            "sqrt(C / n_embd) = 1); scaled: true divides by sqrt(h_d) as the paper writes"
+        )
+
+    def cumulative(self, x: Tensor, layer: int) -> Tensor:
+        """c_t = -sum_{l<=t} softplus(W x_l + b), ``[b, n_h, s]`` in float32."""
+        z = torch.einsum("bsd,hd->bhs", x.float(), self.weight[layer].float())
+        return -F.softplus(z + self.bias[layer].float().unsqueeze(-1)).cumsum(-1)
+
+    def attend(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, layer: int) -> Tensor:
+        """Fused causal SDPA with -c_j as one more dimension of the keys (the queries' is 1,
+        v's 0): q' . k' = q . k (/ sqrt(h_d) if ``scaled``) - c_j, as the model's
+        ``key_biased_attention`` does for a ``key_bias``; in float32 (c grows with the length),
+        a GPU's kernels given a width that is a multiple of 8."""
+        b, h, s, d = q.shape
+        pad = (-(d + 1)) % 8 if q.device.type == "cuda" else 0
+        with torch.autocast(q.device.type, enabled=False):
+            scale = 1 / math.sqrt(d) if self.scaled else 1.0
+            q_ext = torch.cat([q.float() * scale, q.new_ones(b, h, s, 1, dtype=torch.float)], -1)
+            k_ext = torch.cat([k.float(), -self.cumulative(x, layer).unsqueeze(-1)], -1)
+            q_ext, k_ext = F.pad(q_ext, (0, pad)), F.pad(k_ext, (0, pad))
+            v_ext = F.pad(v.float(), (0, 1 + pad))
+            y = F.scaled_dot_product_attention(q_ext, k_ext, v_ext, is_causal=True, scale=1.0)
+        return y[..., : v.shape[-1]].to(v.dtype)
 
 
 @register("stickbreaking")

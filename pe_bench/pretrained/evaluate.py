@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,7 @@ from torch import nn
 
 from pe_bench.data.corpus import Corpus, load_corpus
 from pe_bench.data.tokenizer import HFTokenizer
-from pe_bench.pretrained import passkey
+from pe_bench.pretrained import passkey, ruler_eval
 from pe_bench.pretrained.key import pretrained_key, weights_key
 from pe_bench.pretrained.load import (
     LogitsOnly,
@@ -28,7 +29,15 @@ from pe_bench.pretrained.load import (
 from pe_bench.pretrained.plan import PretrainedPlan
 from pe_bench.pretrained.rope import rope_variant
 from pe_bench.pretrained.tail import score_tail
-from pe_bench.records import PASSKEY_MODE, TAIL_MODE, make_record, provenance
+from pe_bench.pretrained.truncate import score_truncated, scored_bytes
+from pe_bench.records import (
+    PASSKEY_MODE,
+    TAIL_MODE,
+    TRUNCATE_MODE,
+    is_ruler,
+    make_record,
+    provenance,
+)
 from pe_bench.run.evaluate import OUT_OF_MEMORY, EvalTask, is_out_of_memory, score
 from pe_bench.run.job import DataKey, RunContext, Steps
 from pe_bench.run.store import RunStore
@@ -64,63 +73,71 @@ def open_data(job: PretrainedPlan, device: torch.device) -> tuple[PretrainedData
 
 
 def evaluate_pretrained(ctx: RunContext, todo: dict[str, list[EvalTask]]) -> None:
-    """Load the weights, run the missing passkey tasks, then score each slice's missing
-    perplexity tasks on its own targets (passkey first: its prompts are the longest, and a
-    run stopped half-way has its retrieval numbers)."""
+    """Load the weights, run the missing passkey and RULER tasks, then score each slice's
+    missing perplexity tasks on its own targets (retrieval first: its prompts are the longest,
+    and a run stopped half-way has its retrieval numbers)."""
     job: PretrainedPlan = ctx.job
     data: PretrainedData = ctx.data
     pk_todo = [t for t in todo[job.run_id(0)] if t.mode == PASSKEY_MODE]
+    ruler_todo = [t for t in todo[job.run_id(0)] if is_ruler(t.mode)]
     passkey.check_lengths(data.tokenizer.encode, [t.eval_len for t in pk_todo])
-    context = job.tail_context
     test = data.corpus.splits["test"].numpy().tobytes()
-    n_stream = context + job.model.test_slices * job.n_targets + 1
-    stream = encode_prefix(data.tokens, test, n_stream, data.corpus.name)
+    stream = encode_prefix(data.tokens, test, job.stream_tokens, data.corpus.name)
     model = load_model(job.model, ctx.device)
     fields = _run_fields(job, model, data.corpus, ctx.device) | tokenizer_fields(data.tokens)
     log.info(
-        "%s: %d perplexity and %d passkey records to compute, %s",
+        "%s: %d perplexity, %d passkey and %d RULER records to compute, %s",
         job.model.name,
-        sum(map(len, todo.values())) - len(pk_todo),
+        sum(map(len, todo.values())) - len(pk_todo) - len(ruler_todo),
         len(pk_todo),
+        len(ruler_todo),
         data.corpus.describe(),
     )
     pk_fields = {**fields, "run_id": job.run_id(0), "seed": 0, "test_slice": 0}
-    for task in pk_todo:  # one task at a time: a later one may copy an earlier one's record
+    text = test.decode("utf-8", errors="replace")  # RULER's essay haystack: the corpus's lines
+    for task in [*pk_todo, *ruler_todo]:  # one at a time: a later one may copy an earlier one
         copied = _copy(job, ctx.store, job.run_id(0), task)
         if copied:
             ctx.store.add(copied[0])
             continue
-        trials = passkey.run(
-            model,
-            data.tokenizer,
-            [task],
-            job.variants,
-            job.spec,
-            job.short_name,
-            job.model.rope_impl,
-            job.passkey,
-        )
-        for record in trials:
+        for record in _retrieval(job, model, data.tokenizer, task, text):
             ctx.store.add({**pk_fields, **record})
     lm = LogitsOnly(model)
+    bos = data.tokenizer.bos_token_id  # the truncate mode's BOS, as YaRN's add_start_token
     for k in range(job.model.test_slices):
         slice_fields = {**fields, "run_id": job.run_id(k), "seed": k, "test_slice": k}
         for task in todo[job.run_id(k)]:
-            if task.mode == PASSKEY_MODE:
+            if task.mode == PASSKEY_MODE or is_ruler(task.mode):
                 continue
             copied = _copy(job, ctx.store, job.run_id(k), task)
-            ctx.store.add(*(copied or _score(job, lm, task, stream, k, slice_fields)))
+            if copied:
+                ctx.store.add(*copied)
+            elif task.mode == TRUNCATE_MODE:
+                ctx.store.add(*_score_truncated(job, lm, task, stream, k, slice_fields, bos))
+            else:
+                ctx.store.add(*_score(job, lm, task, stream, k, slice_fields))
 
 
 STEPS = Steps(open_data, evaluate_pretrained)
 
 
+def _retrieval(
+    job: PretrainedPlan, model: nn.Module, tokenizer: Any, task: EvalTask, text: str
+) -> Iterator[dict[str, Any]]:
+    """The record of a passkey or RULER task (``text``: the corpus's, RULER's essay)."""
+    common = (model, tokenizer, [task], job.variants, job.spec, job.short_name)
+    if task.mode == PASSKEY_MODE:
+        return passkey.run(*common, job.model.rope_impl, job.passkey)
+    return ruler_eval.run(*common, job.model.rope_impl, job.ruler, text)
+
+
 def _copy(
     job: PretrainedPlan, store: RunStore, run_id: str, task: EvalTask
-) -> tuple[dict[str, Any], list[float | None] | None] | None:
-    """The record (and per-position loss) of ``task`` copied from the label before it that
-    computes the same numbers at its length (``PretrainedPlan.same_as``), marked ``same_as``;
-    None when there is none, or its record is not there (it is computed then)."""
+) -> tuple[dict[str, Any], list[float | None] | None, list | None] | None:
+    """The record (with its per-position loss and per-window buckets) of ``task`` copied from
+    the label before it that computes the same numbers at its length
+    (``PretrainedPlan.same_as``), marked ``same_as``; None when there is none, or its record is
+    not there (it is computed then)."""
     source = job.same_as.get((task.variant, task.eval_len))
     if source is None:
         return None
@@ -140,7 +157,8 @@ def _copy(
         task.mode,
         source,
     )
-    return record, rows[0]["loss"] if rows else None
+    row = rows[0] if rows else {}
+    return record, row.get("loss"), row.get("window_loss")
 
 
 # What a copied record does not take from its source: its cost and its variant's code key.
@@ -198,6 +216,47 @@ def _score(
         result.nll,
     )
     return record, result.position_loss()
+
+
+def _score_truncated(
+    job: PretrainedPlan,
+    lm: LogitsOnly,
+    task: EvalTask,
+    stream: TokenStream,
+    k: int,
+    fields: dict[str, Any],
+    bos: int | None,
+) -> tuple[dict[str, Any], list[float | None] | None, list[list[float | None]] | None]:
+    """One truncate-mode record of slice ``k`` (``pretrained.truncate``: slice k's documents,
+    each truncated to the window), its per-position loss and each document's loss by bucket of
+    positions; skipped when the length does not fit in memory."""
+    documents, doc_len, length = job.documents, job.doc_len, task.eval_len
+    first = k * documents * doc_len
+    target_bytes = scored_bytes(stream.byte_ends, first, documents, doc_len, length, bos)
+    fields = {**fields, "target_bytes": target_bytes, "documents": documents, "bos": bos}
+    variant = job.variants.get(task.variant)
+    label = job.short_name + ("" if variant is None else f"+{variant.key}")
+    start = time.perf_counter()
+    ids = stream.ids[first : first + documents * doc_len]
+    try:
+        with rope_variant(lm.model, variant, job.spec, length, job.model.rope_impl) as impl:
+            batch = job.cfg.eval.batch_tokens
+            result, buckets = score_truncated(
+                lm, ids, documents, doc_len, length, bos, batch, job.device
+            )
+    except OUT_OF_MEMORY as err:
+        if not is_out_of_memory(err):
+            raise
+        reason = f"out of memory at L={length}: {str(err).splitlines()[0][:200]}"
+        log.error("%s: %s; recorded as skipped", label, reason)
+        return make_record(fields, task.fields(), "skipped", reason=reason), None, None
+    elapsed = round(time.perf_counter() - start, 3)
+    record = make_record(
+        fields, task.fields(), "ok", result.nll, target_bytes / result.tokens,
+        rope_impl=impl, time_s=elapsed, scored=result.tokens,
+    )  # fmt: skip
+    log.info("%s L=%d truncate slice %d: nll %.4f", label, length, k, result.nll)
+    return record, result.position_loss(), buckets
 
 
 def _run_fields(

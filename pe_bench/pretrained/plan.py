@@ -35,19 +35,20 @@ per byte divide by the summed UTF-8 bytes of exactly the scored targets (``targe
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from pe_bench.config import config_hash
 from pe_bench.errors import UserError
-from pe_bench.pretrained import passkey
+from pe_bench.pretrained import passkey, ruler_eval
 from pe_bench.pretrained.key import variant_key
 from pe_bench.pretrained.load import load_config, source
 from pe_bench.pretrained.rope import RopeSpec, Variant, build_variants, rope_spec, same_as
-from pe_bench.records import TAIL_MODE
-from pe_bench.run.config import PasskeyConfig, PretrainedConfig, RunConfig
+from pe_bench.records import TAIL_MODE, TRUNCATE_MODE
+from pe_bench.run.config import PasskeyConfig, PretrainedConfig, RulerConfig, RunConfig
 from pe_bench.run.evaluate import EvalTask, eval_tasks
 from pe_bench.run.train import resolve_device
 from pe_bench.run.weights import ModelSource, sha256
@@ -72,6 +73,8 @@ class PretrainedPlan:
     # (variant, length) -> the label before it that computes the same numbers there (its
     # record is copied, not computed: ``rope.same_as``)
     same_as: dict[tuple[str, int], str]
+    ruler: RulerConfig | None = None
+    ruler_tasks: list[EvalTask] = field(default_factory=list)  # on slice 0
 
     @property
     def model(self) -> PretrainedConfig:
@@ -102,8 +105,27 @@ class PretrainedPlan:
 
     @property
     def n_targets(self) -> int:
-        """Scored targets of one slice, at every length."""
-        return self.tasks[0].tokens
+        """Scored targets of one slice, at every length (of the modes but truncate)."""
+        return next((t.tokens for t in self.tasks if t.mode != TRUNCATE_MODE), 0)
+
+    @property
+    def documents(self) -> int:
+        """Documents per slice of the truncate mode (0 without it)."""
+        task = next((t for t in self.tasks if t.mode == TRUNCATE_MODE), None)
+        return 0 if task is None else task.tokens // self.doc_len
+
+    @property
+    def doc_len(self) -> int:
+        """Tokens of a truncate-mode document: the longest eval length."""
+        return max(t.eval_len for t in self.tasks)
+
+    @property
+    def stream_tokens(self) -> int:
+        """Test tokens every slice's perplexity reads, from the split's start: the tail's
+        context and every slice's targets, and the truncate mode's documents."""
+        windowed = [t for t in self.tasks if t.mode != TRUNCATE_MODE]
+        targets = self.tail_context + self.model.test_slices * self.n_targets if windowed else 0
+        return max(targets, self.model.test_slices * self.documents * self.doc_len) + 1
 
     @property
     def tail_context(self) -> int:
@@ -113,9 +135,10 @@ class PretrainedPlan:
         return max((t.eval_len - t.stride for t in tails), default=0)
 
     def owed(self) -> list[tuple[str, list[EvalTask]]]:
-        """Each slice's perplexity tasks; slice 0's then passkey's."""
+        """Each slice's perplexity tasks; slice 0's then passkey's and RULER's."""
+        retrieval = [*self.passkey_tasks, *self.ruler_tasks]
         return [
-            (self.run_id(k), [*self.tasks, *(self.passkey_tasks if k == 0 else [])])
+            (self.run_id(k), [*self.tasks, *(retrieval if k == 0 else [])])
             for k in range(self.model.test_slices)
         ]
 
@@ -138,19 +161,37 @@ def plan_pretrained(cfg: RunConfig) -> PretrainedPlan:
         for v in variants
     ]
     tasks = eval_tasks(schemes, lengths, cfg.eval, train_len, _n_targets(cfg, lengths, train_len))
+    documents = cfg.eval.documents or cfg.eval.tokens // max(lengths)
+    if TRUNCATE_MODE in cfg.eval.modes and documents < 1:
+        raise UserError(
+            f"eval.modes: truncate needs documents of {max(lengths)} tokens (the longest length); "
+            f"eval.tokens={cfg.eval.tokens} holds none; allowed: eval.documents=<n> >= 1"
+        )
+    tasks = [  # truncate: the slice's documents, each the longest length's tokens
+        dataclasses.replace(t, tokens=documents * max(lengths)) if t.mode == TRUNCATE_MODE else t
+        for t in tasks
+    ]
     pk_cfg = cfg.model.passkey_config()
     pk_tasks = passkey.tasks(pk_cfg, schemes, train_len) if pk_cfg else []
+    ruler_cfg = cfg.model.ruler_config()
+    ruler_tasks = ruler_eval.tasks(ruler_cfg, schemes, train_len) if ruler_cfg else []
     by_key = {v.key: v for v in variants}
     pk_lengths = pk_cfg.prompt_lengths(train_len) if pk_cfg else []
-    same = same_as(variants, spec, sorted(set(lengths) | set(pk_lengths)))
-    return PretrainedPlan(cfg, device, spec, by_key, tasks, pk_cfg, pk_tasks, where, same)
+    ruler_lengths = ruler_cfg.prompt_lengths(train_len) if ruler_cfg else []
+    same = same_as(variants, spec, sorted(set(lengths) | set(pk_lengths) | set(ruler_lengths)))
+    return PretrainedPlan(
+        cfg, device, spec, by_key, tasks, pk_cfg, pk_tasks, where, same, ruler_cfg, ruler_tasks
+    )
 
 
 def _n_targets(cfg: RunConfig, lengths: list[int], train_len: int) -> int:
     """Targets per slice: ``eval.tokens`` rounded down to a multiple of the longest length, or
-    in tail mode alone to a multiple of the targets each window scores."""
-    if cfg.eval.modes != [TAIL_MODE]:
+    in tail mode alone (with truncate or not) to a multiple of the targets each window scores."""
+    windowed = [mode for mode in cfg.eval.modes if mode != TRUNCATE_MODE]
+    if windowed and windowed != [TAIL_MODE]:
         return cfg.eval.n_targets(lengths)
+    if not windowed:
+        return cfg.eval.tokens
     stride = cfg.eval.stride_for(TAIL_MODE, min(lengths), train_len)
     if cfg.eval.tokens < stride:
         raise UserError(f"eval.tokens={cfg.eval.tokens} is below eval.stride={stride}")

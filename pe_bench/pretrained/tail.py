@@ -7,9 +7,13 @@ perplexity at 2x the pretraining context is that of tokens 2x - S/L into a windo
 average over a window's positions (nonoverlap, where half of a 2x window's targets sit within
 the pretraining context). It is also the cheapest protocol that scores the same targets at
 every length: one window of L per S targets, where nonoverlap needs the targets to be a
-multiple of every length (a 1.5x window over targets of 2x scores them in two windows). The
-evaluation of YaRN and PI (sliding windows of stride S = 256 over long documents) is close to
-it: there too nearly every target has L - S or more tokens of context.
+multiple of every length (a 1.5x window over targets of 2x scores them in two windows).
+
+PI's Table 1 (sliding windows of stride 256 over the PG-19 books, which are not truncated) is
+close to it: there nearly every target has L - 256 or more tokens of context. YaRN's Table 6 is
+not: its Proof-pile documents are truncated to the window and every position of it is scored
+(``--truncate``), so at 2x half its targets sit within the pretraining context; that protocol is
+``eval.modes: [truncate]`` (``pretrained.truncate``), which a comparison with YaRN's table reads.
 """
 
 from __future__ import annotations

@@ -32,12 +32,7 @@ import pandas as pd
 from scipy import stats
 
 from pe_bench.errors import UserError
-
-METRICS = ("ppl", "bpb", "nll")
-TASK_METRICS = (
-    "exact_match",
-    "token_acc",
-)  # of synthetic tasks (pe_bench.data.tasks): higher is better
+from pe_bench.report import metrics
 
 # What "one protocol" means: records compared in one report must share these fields, because
 # a difference in any of them (other data, other eval tokens, another training length, model
@@ -204,21 +199,20 @@ def check_protocol(df: pd.DataFrame) -> None:
 def seed_stats(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     """One row per (label, eval length), every pair present (n = 0 where a label has no
     number): n, mean, ci_low, ci_high of ``metric`` over seeds, and the label's diverged runs."""
-    if metric not in METRICS + TASK_METRICS:
-        raise UserError(f"metric {metric!r} is not one of {', '.join(METRICS + TASK_METRICS)}")
+    spec = metrics.spec(metric)
     diverged = diverged_runs(df).groupby("label").size()
     scored = df.dropna(subset=["eval_len"]).astype({"eval_len": int})
     rows = []
     for lab in label_order(df):
         for length in sorted(scored["eval_len"].unique()):
             values = scored.loc[(scored["label"] == lab) & (scored["eval_len"] == length), metric]
-            if metric == "ppl":  # geometric mean: the statistics of log(ppl) = NLL, mapped back
+            if spec.over_seeds == metrics.GEOMETRIC:  # the statistics of the logs, mapped back
                 n, *logs = t_interval(np.log(values.astype(float)))
                 mean, low, high = (math.exp(x) for x in logs)
             else:
                 n, mean, low, high = t_interval(values.astype(float))
-            if metric in TASK_METRICS:  # a rate: its interval is clipped to [0, 1]
-                low, high = (float(np.clip(x, 0.0, 1.0)) for x in (low, high))  # NaN stays
+            if spec.bounds:  # a rate: its interval is clipped to [0, 1]
+                low, high = (float(np.clip(x, *spec.bounds)) for x in (low, high))  # NaN stays
             rows.append([lab, int(length), n, mean, low, high, int(diverged.get(lab, 0))])
     columns = ["label", "eval_len", "n", "mean", "ci_low", "ci_high", "diverged"]
     return pd.DataFrame(rows, columns=columns)
@@ -380,6 +374,32 @@ def position_loss(positions: pd.DataFrame, df: pd.DataFrame, per_octave: int = 4
                 ok = np.isfinite(mean[at - 1])
                 if ok.any():
                     rows.append([lab, int(length), at[ok].mean(), mean[at - 1][ok].mean()])
+    return pd.DataFrame(rows, columns=columns)
+
+
+def position_intervals(positions: pd.DataFrame, df: pd.DataFrame) -> pd.DataFrame:
+    """Loss by bucket of positions with a 95% t-interval over windows, per (label, eval
+    length), from the rows that keep each window's loss by bucket (``window_loss``: the
+    truncate mode's documents, ``pretrained.truncate``), pooled over the runs of ``df``; the
+    buckets are ``log_buckets``'s. Columns: label, eval_len, position (the bucket's mean
+    position), windows, loss, ci_low, ci_high; empty without such rows."""
+    columns = ["label", "eval_len", "position", "windows", "loss", "ci_low", "ci_high"]
+    if positions.empty or "window_loss" not in positions:
+        return pd.DataFrame(columns=columns)
+    keys = ["run_id", "variant", "eval_len", "mode"]
+    runs = df.dropna(subset=["eval_len"]).astype({"eval_len": int})[[*keys, "label"]]
+    kept = positions.dropna(subset=["window_loss"]).drop(columns="label", errors="ignore")
+    kept = kept.merge(runs.drop_duplicates(), on=keys)
+    rows = []
+    for lab in label_order(df):
+        for length, cell in kept[kept["label"] == lab].groupby("eval_len"):
+            windows = [w for run in cell["window_loss"] for w in run]  # [windows][buckets]
+            edges = log_buckets(int(length))
+            for i, (lo, hi) in enumerate(itertools.pairwise(edges)):
+                values = [w[i] for w in windows if w[i] is not None]
+                if values:
+                    n, mean, low, high = t_interval(values)
+                    rows.append([lab, int(length), np.arange(lo, hi).mean(), n, mean, low, high])
     return pd.DataFrame(rows, columns=columns)
 
 

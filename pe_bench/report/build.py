@@ -4,7 +4,8 @@ Reads every ``records.jsonl`` (and the ``positions.jsonl`` and ``curve.jsonl`` b
 under a folder, multirun folders included, and writes into it (or ``--out``)::
 
     report.md                     the tables and figures, provenance, commands to reproduce
-    tables/{ppl,bpb,nll}.csv|.md  mean over seeds and 95% CI per label x eval length
+    tables/{ppl,bpb,nll}.csv|.md  mean over seeds and 95% CI per label x eval length (and of
+                                  any other metric of ``report.metrics`` the records carry)
     tables/ratio.csv|.md          the chosen metric relative to the baseline length
     tables/score.csv|.md          extrapolation score and rank per label
     tables/compare.csv            with --compare: the run next to a published table (with
@@ -39,12 +40,11 @@ from pe_bench.records import (
     PROBES,
     TASK_MODE,
     atomic_write_text,
+    is_ruler,
     load_records,
 )
-from pe_bench.report import aggregate, compare, cost, figures, latex, probes
-from pe_bench.report.aggregate import METRICS
+from pe_bench.report import aggregate, compare, cost, figures, latex, metrics, probes, protocols
 from pe_bench.report.best import legend, score_marks, value_marks
-from pe_bench.report.figures import TITLES
 from pe_bench.report.inputs import (
     Options,
     Report,
@@ -56,7 +56,9 @@ from pe_bench.report.inputs import (
     training_length,
 )
 from pe_bench.report.markdown import SKIPPED_NOTE, caption, write_csv
+from pe_bench.report.metrics import spec
 from pe_bench.report.passkey import section as passkey_section
+from pe_bench.report.ruler import section as ruler_section
 from pe_bench.report.sections import (
     comparison_latex,
     comparison_markdown,
@@ -77,8 +79,6 @@ from pe_bench.report.sections import (
 from pe_bench.report.significance import pairwise_tables, ranks_markdown
 from pe_bench.report.tasks import build_task_report
 
-CONSOLE_METRICS = ("ppl", "bpb")
-
 
 def build_report(
     root: str | Path,
@@ -91,15 +91,17 @@ def build_report(
     root = Path(root)
     out = Path(out) if out is not None else root
     options = options or Options()
-    if options.metric not in METRICS:
-        raise UserError(f"metric {options.metric!r} is not one of {', '.join(METRICS)}")
+    if options.metric not in metrics.names(metrics.LM):
+        allowed = ", ".join(metrics.names(metrics.LM))
+        raise UserError(f"metric {options.metric!r} is not one of {allowed}")
     checked = load_records(root, record_problem)
     if (checked["mode"] == TASK_MODE).any():  # synthetic tasks: accuracies, their own report
         check_one_kind(root, checked)
         return build_task_report(root, out, checked, options, echo)
     published = [compare.load_published(name) for name in options.compare]
-    # probe and passkey records: their own sections
-    perplexity = checked[~checked["mode"].isin([*PROBES, PASSKEY_MODE])]
+    # probe, passkey and RULER records: their own sections
+    retrieval = checked["mode"].isin([*PROBES, PASSKEY_MODE]) | checked["mode"].map(is_ruler)
+    perplexity = checked[~retrieval]
     if perplexity.empty:  # every run owes perplexity: this one stopped before it
         kinds = ", ".join(sorted(checked["mode"].unique()))
         raise UserError(
@@ -112,12 +114,9 @@ def build_report(
     report.frame, report.records = df, checked
     report.context = probes.context_use(checked, df)
     report.tokenizers = mixed_tokenizers(df, options)
-    metrics = ["bpb"] if report.tokenizers else METRICS
-    stats = {metric: aggregate.seed_stats(df, metric) for metric in metrics}
+    stats = {metric: aggregate.seed_stats(df, metric) for metric in shown_metrics(df, report)}
     if published:
-        ppl = stats["ppl"]
-        if "pretrained" in df and df["pretrained"].fillna(False).all():
-            ppl = compare.as_rope(ppl, str(df["scheme"].iloc[0]))  # model=hf: rope, rope+yarn
+        ppl = protocols.protocol_stats(perplexity, df, stats["ppl"], options.schemes)
         report.comparisons = compare.compare_all(ppl, training_length(df), published)
     ratio = aggregate.ratio_table(stats[options.metric], options.baseline)
     per_byte = df.assign(nll=df["bpb"] * math.log(2)) if report.tokenizers else df
@@ -135,10 +134,39 @@ def build_report(
         report.latex += probes.write(report.context, out, figures.styles(aggregate.label_order(df)))
         report.passkey = passkey_section(checked, out)
         report.latex += [out / "tables" / "passkey.tex"] if report.passkey else []
+        report.ruler = ruler_section(checked, out)
+        report.latex += [out / "tables" / "ruler.tex"] if report.ruler else []
         atomic_write_text(report.path, markdown_report(root, out, df, report, diverged))
     if echo:
         print_summary(report, df, note)
     return report
+
+
+def shown_metrics(df: pd.DataFrame, report: Report) -> list[str]:
+    """The metrics (``report.metrics``) the records carry, less those per token where they mix
+    tokenizers; the chosen one among them or a ``UserError``."""
+    shown = [
+        s.name for s in metrics.present(metrics.LM, df) if not (report.tokenizers and s.per_token)
+    ]
+    if report.options.metric not in shown:
+        raise UserError(
+            f"the records carry no {report.options.metric!r} (--metric); allowed: "
+            f"{', '.join(shown)}"
+        )
+    return shown
+
+
+def value_tables(tables: dict[str, pd.DataFrame]) -> list[str]:
+    """The metrics with a value table, in their registered order."""
+    return [m for m in metrics.names(metrics.LM) if m in tables]
+
+
+def pairs_of(metric: str, report: Report) -> pd.DataFrame:
+    """The paired differences that say which cells of ``metric``'s table the seeds separate:
+    the report's own (``tables/pairwise.csv``) where they are of the same metric."""
+    if spec(metric).paired == spec(report.options.metric).paired:
+        return report.tables["pairwise"]
+    return aggregate.paired_differences(report.frame, spec(metric).paired)
 
 
 def remove_comparisons(folder: Path) -> None:
@@ -153,7 +181,7 @@ def write_tables(folder: Path, report: Report) -> None:
     """Every table of ``report`` into ``folder`` as CSV, and all but the comparison as markdown."""
     tables, skipped = report.tables, report.skipped
     note = f"\n{SKIPPED_NOTE} in report.md.\n" if len(skipped) else ""
-    for metric in [m for m in METRICS if m in tables]:
+    for metric in value_tables(tables):
         write_csv(folder / f"{metric}.csv", tables[metric])
         text = value_markdown(tables[metric], metric, skipped)
         atomic_write_text(folder / f"{metric}.md", text + "\n" + note)
@@ -177,14 +205,15 @@ def write_latex(folder: Path, report: Report, diverged: str) -> list[Path]:
     notes += [f"{SKIPPED_NOTE} in the report."] if len(report.skipped) else []
     notes += [f"† {diverged}."] if diverged else []
     written = []
-    for metric in [m for m in METRICS if m in tables]:
-        marks = value_marks(tables[metric], tables["pairwise"])
-        title = f"{TITLES[metric]} by evaluation length: {caption(tables[metric], metric, df)}."
+    for metric in value_tables(tables):
+        higher = spec(metric).higher_is_better
+        marks = value_marks(tables[metric], pairs_of(metric, report), higher)
+        title = f"{spec(metric).title} by evaluation length: {caption(tables[metric], metric, df)}."
         text = value_markdown(tables[metric], metric, report.skipped)
-        keyed = latex.header_marks(marks)
-        written.append(latex.write(folder, metric, text, title, [legend(marks), *notes], keyed))
+        under = [legend(marks, higher_is_better=higher), *notes]
+        written.append(latex.write(folder, metric, text, title, under, latex.header_marks(marks)))
     text = ratio_markdown(tables["ratio"], report.skipped)
-    title = f"{TITLES[opts.metric]} at each length divided by the same scheme's at L = "
+    title = f"{spec(opts.metric).title} at each length divided by the same scheme's at L = "
     written.append(latex.write(folder, "ratio", text, f"{title}{opts.baseline}."))
     marks = score_marks(tables["score"], tables["score_pairwise"])
     keyed = {(lab, "score"): mark for lab, mark in marks.items()}
@@ -236,7 +265,9 @@ def draw_figures(
     and training-curve figures, which read the files beside the records under ``root``);
     returns the PNG of each figure by key, in the order the report shows them."""
     train_len = training_length(df)
-    positions = aggregate.position_loss(load_rows(root, POSITIONS), df)
+    rows = load_rows(root, POSITIONS)
+    positions = aggregate.position_loss(rows, df)
+    bands = aggregate.position_intervals(rows, df)  # the truncate mode's windows
     curves = aggregate.training_curves(load_rows(root, CURVE), df)
     labels = aggregate.label_order(df)
     style = figures.styles(labels + [s for s in curves["label"].unique() if s not in labels])
@@ -253,8 +284,12 @@ def draw_figures(
         )
         if not positions.empty:
             write_csv(folder / "position_loss.csv", positions)
+            if not bands.empty:
+                write_csv(folder / "position_loss_windows.csv", bands)
             drawn["positions"] = figures.save(
-                figures.position_figure(positions, style, train_len, note), folder, "position_loss"
+                figures.position_figure(positions, style, train_len, note, bands),
+                folder,
+                "position_loss",
             )
         if not curves.empty:
             write_csv(folder / "training_curves.csv", curves)
@@ -281,7 +316,9 @@ def print_summary(report: Report, df: pd.DataFrame, note: str) -> None:
     sentences and where report.md is."""
     if report.tokenizers:
         print(f"\n{report.tokenizers}")
-    for metric in [m for m in CONSOLE_METRICS if m in report.tables]:
+    for metric in [
+        s.name for s in metrics.of_kind(metrics.LM) if s.echo and s.name in report.tables
+    ]:
         stats = report.tables[metric]
         print(f"\n{metric} by eval length ({caption(stats, metric, df)}):")
         print(value_markdown(stats, metric, report.skipped))
@@ -314,6 +351,7 @@ def markdown_report(
         *figures_markdown(report, out),
         *probes.markdown(report.context, out),
         *report.passkey,
+        *report.ruler,
         *diverged_markdown(diverged),
         *skipped_markdown(report.skipped),
         "## Runs",

@@ -2,7 +2,8 @@
 
 A published table (``results/published/<name>.yaml``) holds a paper's numbers with their
 citation and setup. Absolute perplexities differ with model size, data and tokenizer (the
-papers' are per word or per subword token, pe-bench's per byte), so the comparison is about:
+papers' are per word or per subword token, pe-bench's per byte or per token of its tokenizer),
+so the comparison is about:
 
 - **Ratios**: each scheme's value at an eval length divided by its value at the training
   length, for the paper and for the run. Eval lengths are matched by their ratio to the
@@ -14,16 +15,21 @@ papers' are per word or per subword token, pe-bench's per byte), so the comparis
   order, -1 the reverse. The overall statistic pools the pairs of every length past the
   training length, where extrapolation happens.
 
+Each table is read against the run's records of the mode that measures what its protocol
+measures, where the run has it (``protocols``).
+
 Pure pandas on a run's seed statistics (``aggregate.seed_stats``) and a ``Published`` table,
 so every number can be checked by hand (``tests/report/test_compare.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.resources
 import itertools
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,6 +190,8 @@ class Comparison:
     agree: int  # concordant pairs past the training length
     disagree: int  # discordant pairs past the training length
     missing: list[str]  # published labels the run has no records of
+    mode: str = ""  # the run's eval mode the comparison read (``protocol_mode``)
+    stride: int | None = None  # and its stride (sliding, tail)
 
     @property
     def tau(self) -> float:
@@ -249,15 +257,29 @@ def compare(stats: pd.DataFrame, train_len: int, published: Published) -> Compar
     )
 
 
-def compare_all(stats: pd.DataFrame, train_len: int, tables: list[Published]) -> list[Comparison]:
-    """The run next to each of ``tables``, in their order. A table the run does not fit (none
-    of its schemes, no eval length at its ratios) is refused in one line when it is the only
-    one, skipped with a warning naming it when another fits, and when none fits the reasons,
-    one per table, make one line."""
+def compare_all(
+    stats: pd.DataFrame | Callable[[Published], tuple[pd.DataFrame, pd.DataFrame]],
+    train_len: int,
+    tables: list[Published],
+) -> list[Comparison]:
+    """The run next to each of ``tables``, in their order: the run's seed statistics, or those
+    ``stats`` gives for each table with the records they are of (``protocols.protocol_stats``).
+    A table the run does not fit (none of its schemes, no eval length at its ratios) is
+    refused in one line when it is the only one, skipped with a warning naming it when another
+    fits, and when none fits the reasons, one per table, make one line."""
     done, failed = [], {}
     for table in tables:
         try:
-            done.append(compare(stats, train_len, table))
+            if isinstance(stats, pd.DataFrame):
+                done.append(compare(stats, train_len, table))
+                continue
+            ppl, records = stats(table)
+            strides = records["stride"].dropna().unique()
+            stride = int(strides[0]) if len(strides) == 1 else None
+            found = compare(ppl, train_len, table)
+            done.append(
+                dataclasses.replace(found, mode=str(records["mode"].iloc[0]), stride=stride)
+            )
         except UserError as err:
             failed[table.name] = str(err)
     if failed and not done:
@@ -270,19 +292,6 @@ def compare_all(stats: pd.DataFrame, train_len: int, tables: list[Published]) ->
     for name, why in failed.items():
         log.warning("not compared with %s: %s", name, why.removeprefix(f"{name}: "))
     return done
-
-
-def as_rope(stats: pd.DataFrame, model: str) -> pd.DataFrame:
-    """A pretrained RoPE model's labels as a published table names them: the model as
-    pretrained is ``rope``, ``<model>+<variant>`` is ``rope+<variant>`` (an eval-time variant
-    of a RoPE model, as the papers' rows without fine-tuning are)."""
-
-    def rename(label: str) -> str:
-        if label == model or label.startswith(model + "+"):
-            return "rope" + label[len(model) :]
-        return label
-
-    return stats.assign(label=stats["label"].map(rename))
 
 
 def kendall_tau(agree: int, disagree: int) -> float:

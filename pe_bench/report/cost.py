@@ -137,10 +137,11 @@ def cost_markdown(table: pd.DataFrame) -> str:
 
 
 def hardware(df: pd.DataFrame) -> str:
-    """Where the records were made, as the text says it."""
+    """Where the records were made, as the text says it: the hardware's own parentheses
+    (its CPU and threads) and then the device and torch, after commas."""
     ok = df[df["status"] == "ok"]
     device, torch = distinct(ok, "device"), distinct(ok, "torch")
-    return f"{distinct(ok, 'hardware')} (device {device}; torch {torch})"
+    return f"{distinct(ok, 'hardware')}, device {device}, torch {torch}"
 
 
 def cost_notes(df: pd.DataFrame, table: pd.DataFrame) -> list[str]:

@@ -27,6 +27,7 @@ from matplotlib.font_manager import FontProperties
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, ScalarFormatter
 
 from pe_bench.records import atomic_write
+from pe_bench.report.metrics import spec
 
 CLASSIC_LABELS = (
     "nope",
@@ -56,9 +57,6 @@ PALETTE = (
 )
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h")
 LINESTYLES = ("-", "--", ":", "-.")
-TITLES = {"ppl": "Perplexity", "bpb": "Bits per byte", "nll": "NLL"}
-YLABELS = {"ppl": "perplexity", "bpb": "bits per byte", "nll": "NLL (nats/token)"}
-TASK_YLABELS = {"exact_match": "exact match", "token_acc": "token accuracy"}
 
 PLAIN = FuncFormatter(lambda x, _: f"{x:g}")  # tick labels 1, 4, 0.5 instead of 2^0, 10^-1
 PNG_METADATA = {"Software": None}
@@ -195,7 +193,7 @@ def length_figure(
         fig = Figure(figsize=(7.5, 4.2), layout="constrained")
         ax = fig.subplots()
         _length_lines(ax, stats, style, metric, train_len)
-        ax.set_title(f"{TITLES[metric]} vs evaluation length (trained at {train_len} tokens)")
+        ax.set_title(f"{spec(metric).title} vs evaluation length (trained at {train_len} tokens)")
         _legend(fig, ax, style)
         _footnote(fig, note)
         return fig
@@ -225,7 +223,7 @@ def length_figure(
     for ax in axes[len(groups) :]:
         ax.set_visible(False)
     fig.suptitle(
-        f"{TITLES[metric]} vs evaluation length (trained at {train_len} tokens), by family; "
+        f"{spec(metric).title} vs evaluation length (trained at {train_len} tokens), by family; "
         f"grey: {', '.join(m for m in LANDMARKS if m in labels)}"
     )
     _footnote(fig, note)
@@ -250,13 +248,14 @@ def _length_lines(ax, stats: pd.DataFrame, style: dict[str, Style], metric: str,
         fontsize="small",
         color="0.35",
     )
-    if metric == "ppl":
+    log = spec(metric).log_axis
+    if log:
         ax.set_yscale("log")
         ax.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
         ax.yaxis.set_major_formatter(ScalarFormatter())
         ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("evaluation length (tokens, log scale)")
-    ax.set_ylabel(YLABELS[metric] + (" (log scale)" if metric == "ppl" else ""))
+    ax.set_ylabel(spec(metric).axis + (" (log scale)" if log else ""))
 
 
 def task_figure(
@@ -276,18 +275,26 @@ def task_figure(
             _ci_band(ax, cell, "eval_len", style[lab].color)
         _log2_lengths(ax, sorted(table["eval_len"].unique()))
         _train_line(ax, train_len[task])
-        ax.set_ylim(-0.03, 1.03)
+        if spec(metric).bounds:
+            low, high = spec(metric).bounds
+            ax.set_ylim(low - 0.03 * (high - low), high + 0.03 * (high - low))
         ax.set_title(task)
         ax.set_xlabel("input length (tokens)")
-    axes[0].set_ylabel(TASK_YLABELS[metric])
+    axes[0].set_ylabel(spec(metric).axis)
     _legend(fig, axes, style)
     return fig
 
 
 def position_figure(
-    positions: pd.DataFrame, style: dict[str, Style], train_len: int, note: str = ""
+    positions: pd.DataFrame,
+    style: dict[str, Style],
+    train_len: int,
+    note: str = "",
+    bands: pd.DataFrame | None = None,
 ) -> Figure:
-    """Mean loss vs position inside the window: one panel per eval length, a line per label."""
+    """Mean loss vs position inside the window: one panel per eval length, a line per label;
+    with ``bands`` (``aggregate.position_intervals``) each label's 95% interval over windows
+    shaded around its line."""
     lengths = sorted(positions["eval_len"].unique())
     ncols = min(3, len(lengths))
     nrows = math.ceil(len(lengths) / ncols)
@@ -305,6 +312,12 @@ def position_figure(
                 linewidth=1.2,
                 **style[lab].line(),
             )
+            if bands is not None and len(bands):
+                band = bands[(bands["eval_len"] == length) & (bands["label"] == lab)]
+                ax.fill_between(
+                    band["position"], band["ci_low"], band["ci_high"], alpha=0.2,
+                    color=style[lab].color, linewidth=0,
+                )  # fmt: skip
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(PLAIN)
         if train_len < length:
@@ -376,6 +389,6 @@ def ratio_heatmap(ratio: pd.DataFrame, metric: str, baseline: int, note: str = "
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel("")
     ax.tick_params(axis="y", rotation=0)
-    ax.set_title(f"{TITLES[metric]} relative to L = {baseline}")
+    ax.set_title(f"{spec(metric).title} relative to L = {baseline}")
     _footnote(fig, note)
     return fig

@@ -24,12 +24,12 @@ from pe_bench.records import (
     PROBES,
     RECORDS,
     TASK_MODE,
+    is_ruler,
     read_jsonl,
     searchpath,
     sweep_command,
 )
-from pe_bench.report import compare, probes
-from pe_bench.report.aggregate import METRICS, TASK_METRICS
+from pe_bench.report import compare, metrics, probes
 
 # The fields every record needs for the report to place it (type names for the message); an ok
 # record needs its numbers too. Records pe-bench writes always have them.
@@ -45,13 +45,8 @@ REQUIRED = {
 }
 
 
-NUMBERS = {metric: (int, float) for metric in METRICS}
-
-
+NUMBER = (int, float)
 TASK_FIELDS = {"task": (str,)}  # besides REQUIRED, in a synthetic task's records
-
-
-TASK_NUMBERS = {metric: (int, float) for metric in TASK_METRICS}
 
 
 STATUSES = ("ok", "skipped", "diverged")
@@ -67,10 +62,16 @@ def record_problem(record: dict) -> str:
         return f"status {status!r} is not one of {', '.join(STATUSES)}"
     task = record.get("mode") == TASK_MODE
     needed = {**REQUIRED, **(TASK_FIELDS if task else {})}
-    if status == "ok" and record.get("mode") not in (*PROBES, PASSKEY_MODE):
-        needed |= TASK_NUMBERS if task else NUMBERS
-    for name, types in needed.items():
+    optional = {}
+    retrieval = record.get("mode") in (*PROBES, PASSKEY_MODE) or is_ruler(record.get("mode"))
+    if status == "ok" and not retrieval:
+        specs = metrics.of_kind(metrics.TASK if task else metrics.LM)
+        needed |= {s.name: NUMBER for s in specs if s.required}
+        optional = {s.name: NUMBER for s in specs if not s.required}
+    for name, types in {**needed, **optional}.items():
         value = record.get(name)
+        if value is None and name in optional:
+            continue
         if value is None:
             return f"record lacks {name!r} (the report needs {', '.join(needed)})"
         if not isinstance(value, types) or isinstance(value, bool):
@@ -83,7 +84,7 @@ def record_problem(record: dict) -> str:
 class Options:
     """What a report shows. None: chosen from the records (``resolve``)."""
 
-    metric: str = "ppl"  # of the figures and the ratio table: ppl, bpb or nll
+    metric: str = "ppl"  # of the figures and the ratio table: a metric of report.metrics
     mode: str | None = None  # eval mode: nonoverlap when present
     baseline: int | None = None  # ratio denominator length: the training length
     schemes: tuple[str, ...] = ()  # schemes or labels (rope+ntk) to keep; empty: all
@@ -147,6 +148,7 @@ class Report:
     skipped: pd.DataFrame = field(default_factory=pd.DataFrame)  # skipped_evaluations rows
     context: probes.ContextUse | None = None  # the context-use probes' section
     passkey: list[str] = field(default_factory=list)  # the passkey section's markdown lines
+    ruler: list[str] = field(default_factory=list)  # the RULER section's markdown lines
     tokenizers: str = ""  # what the report says when the records mix tokenizers
     frame: pd.DataFrame = field(default_factory=pd.DataFrame)  # the records the tables hold
     records: pd.DataFrame = field(default_factory=pd.DataFrame)  # every checked record
@@ -184,7 +186,7 @@ def mixed_tokenizers(df: pd.DataFrame, options: Options) -> str:
         return ""
     labels = df.groupby(names)["label"].unique()
     found = "; ".join(f"{tok}: {', '.join(sorted(labs))}" for tok, labs in labels.items())
-    if options.metric != "bpb" or options.compare:
+    if metrics.spec(options.metric).per_token or options.compare:
         raise UserError(
             f"records mix tokenizers ({found}); perplexity and NLL are per token, so one table "
             "cannot hold two tokenizers: report each tokenizer's runs separately (their "

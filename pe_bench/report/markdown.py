@@ -8,13 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from pe_bench.records import (
-    atomic_write_text,
-)
-
-FORMATS = {"ppl": "{:.2f}", "bpb": "{:.3f}", "nll": "{:.3f}", "exact_match": "{:.2f}"}
-FORMATS["token_acc"] = FORMATS["exact_match"]
-
+from pe_bench.records import atomic_write_text
+from pe_bench.report import metrics
 
 SKIPPED = "‡"  # marks a table cell with a skipped evaluation (its reason is in report.md)
 
@@ -55,7 +50,8 @@ def typical_n(stats: pd.DataFrame) -> int:
 def caption(stats: pd.DataFrame, metric: str, df: pd.DataFrame) -> str:
     """How the cells of a value table were computed, in one line."""
     n = typical_n(stats)
-    how = "geometric mean over seeds" if metric == "ppl" else "mean over seeds"
+    geometric = metrics.spec(metric).over_seeds == metrics.GEOMETRIC
+    how = "geometric mean over seeds" if geometric else "mean over seeds"
     ci = " with [95% CI] from the t-distribution" if n > 1 else ""
     return (
         f"trained at L = {shared_value(df, 'train_len')} tokens, {shared_value(df, 'mode')} "

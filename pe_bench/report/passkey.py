@@ -71,7 +71,7 @@ def accuracy_markdown(table: pd.DataFrame, train_len: int) -> str:
     return markdown_table(header, rows, "l" + "r" * len(lengths))
 
 
-def depth_figure(table: pd.DataFrame, train_len: int) -> Figure:
+def depth_figure(table: pd.DataFrame, train_len: int, title: str | None = None) -> Figure:
     """One heatmap per label: accuracy by depth (rows) and target length (columns)."""
     import seaborn as sns
 
@@ -98,7 +98,7 @@ def depth_figure(table: pd.DataFrame, train_len: int) -> Figure:
         ax.tick_params(axis="y", rotation=0)
     for ax in axes[len(labels) :]:
         ax.set_visible(False)
-    fig.suptitle(f"Passkey accuracy by depth and length (pretraining context {train_len})")
+    fig.suptitle(title or f"Passkey accuracy by depth and length (pretraining context {train_len})")
     return fig
 
 

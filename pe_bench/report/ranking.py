@@ -13,8 +13,6 @@ from pe_bench.errors import UserError
 from pe_bench.report import aggregate, compare
 from pe_bench.report.markdown import markdown_table
 
-TITLES = {"exact_match": "exact match", "token_acc": "token accuracy"}
-
 
 def headlines(tasks: list[str]) -> dict[str, str]:
     """Each task's headline metric (``Task.headline``; exact match for a task not in

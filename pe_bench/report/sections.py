@@ -12,9 +12,8 @@ from typing import Any
 import pandas as pd
 
 from pe_bench.data.tokenizer import BYTE
-from pe_bench.records import TAIL_MODE
-from pe_bench.report import aggregate, compare, latex
-from pe_bench.report.figures import TITLES
+from pe_bench.records import TAIL_MODE, TRUNCATE_MODE
+from pe_bench.report import aggregate, compare, latex, protocols
 from pe_bench.report.inputs import (
     Options,
     Report,
@@ -23,7 +22,6 @@ from pe_bench.report.inputs import (
     training_length,
 )
 from pe_bench.report.markdown import (
-    FORMATS,
     SKIPPED,
     SKIPPED_NOTE,
     caption,
@@ -36,13 +34,14 @@ from pe_bench.report.markdown import (
     shared_value,
     typical_n,
 )
+from pe_bench.report.metrics import spec
 from pe_bench.report.significance import pairwise_markdown
 
 
 def value_markdown(stats: pd.DataFrame, metric: str, skipped: pd.DataFrame | None = None) -> str:
     """Label x eval length table of ``mean [low, high]`` cells (``seed_stats`` rows); a cell
     with a skipped evaluation (``skipped_evaluations`` rows) is marked ‡."""
-    fmt = FORMATS[metric]
+    fmt = spec(metric).fmt
     n = typical_n(stats)
     lengths = [str(length) for length in sorted(stats["eval_len"].unique())]
     marked = skipped_cells(skipped)
@@ -169,7 +168,7 @@ def tables_markdown(df: pd.DataFrame, report: Report) -> list[str]:
     """The sections of the value table (the chosen metric), the ratio table and the scores."""
     opts = report.options
     stats = report.tables[opts.metric]
-    title = TITLES[opts.metric]
+    title = spec(opts.metric).title
     how = caption(stats, opts.metric, df)
     grid = ", ".join(str(n) for n in aggregate.score_grid(df))
     score_unit = "log-perplexity (NLL, nats/token)"
@@ -215,7 +214,7 @@ def caveats_markdown(df: pd.DataFrame) -> list[str]:
 
 def figures_markdown(report: Report, out: Path) -> list[str]:
     """The figures section: each PNG with its caption and a link to its PDF."""
-    title = TITLES[report.options.metric]
+    title = spec(report.options.metric).title
     captions = {
         "length": f"{title} vs evaluation length",
         "ratio": f"{title} relative to L = {report.options.baseline}",
@@ -337,15 +336,18 @@ def comparison_markdown(comparison: compare.Comparison, df: pd.DataFrame) -> lis
     pub, cells = comparison.published, comparison.cells
     cite, setup = pub.citation, pub.setup
     lengths, heads = comparison_lengths(cells)
-    mode = shared_value(df, "mode")
-    protocol = f"{setup['protocol']} windows" + (
-        f" (stride {setup['stride']})" if setup["stride"] else ""
+    mode, stride = comparison.mode or shared_value(df, "mode"), comparison.stride
+    protocol = (
+        "documents truncated to the window, every position scored"
+        if setup["protocol"] == TRUNCATE_MODE
+        else f"{setup['protocol']} windows"
+        + (f" (stride {setup['stride']})" if setup["stride"] else "")
     )
-    ours = f"{mode} windows" + (
-        f" (stride {shared_value(df, 'stride')})" if mode == "sliding" else ""
-    )
-    if mode == TAIL_MODE:
-        ours = f"tail windows (each scoring its last {shared_value(df, 'stride')} tokens)"
+    ours = {
+        TAIL_MODE: f"tail windows (each scoring its last {stride} tokens)",
+        TRUNCATE_MODE: "documents truncated to the window, every position scored",
+        "sliding": f"sliding windows (stride {stride})",
+    }.get(mode, f"{mode} windows")
     differs = (
         f" The paper evaluates with {protocol}, this run with {ours}."
         if setup["protocol"] != mode
@@ -365,12 +367,11 @@ def comparison_markdown(comparison: compare.Comparison, df: pd.DataFrame) -> lis
         f"{cite['read_from']}",
         "",
         f"This run: trained at L = {shared_value(df, 'train_len')} on "
-        f"`{shared_value(df, 'corpus')}`, {ours}, perplexity per byte. Eval lengths are matched "
-        "by their ratio to the training length (column heads: ratio, the paper's length / this "
-        "run's). Absolute numbers differ with "
-        "model size, data and unit (a ratio of perplexities per word or subword token is about "
-        "the per-byte ratio to the power of the bytes per word or token), so the comparison is "
-        f"about the direction of each ratio and the rank order of the schemes.{differs}",
+        f"`{shared_value(df, 'corpus')}`, {ours}, {protocols.perplexity_unit(df)}. Eval lengths "
+        "are matched by their ratio to the training length (column heads: ratio, the paper's "
+        "length / this run's). Absolute numbers differ with model size, data and unit "
+        f"({protocols.unit_note(df)}), so the comparison is about the direction of each ratio "
+        f"and the rank order of the schemes.{differs}",
         "",
         "Perplexity, the paper's / this run's:",
         "",

@@ -5,25 +5,22 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pe_bench.report import aggregate
+from pe_bench.report import aggregate, metrics
 from pe_bench.report.inputs import Report
 from pe_bench.report.markdown import markdown_table
 
 
-def pairwise_metric(metric: str) -> str:
-    """Differences are taken on a scale where they add up: NLL for perplexity."""
-    return "nll" if metric == "ppl" else metric
-
-
 def pairwise_tables(
-    df: pd.DataFrame, stats: dict[str, pd.DataFrame], metric: str, higher_is_better: bool = False
+    df: pd.DataFrame, stats: dict[str, pd.DataFrame], metric: str
 ) -> dict[str, pd.DataFrame]:
-    """The paired differences of every two labels at every length, and the ranks they allow."""
-    metric = pairwise_metric(metric)
-    pairs = aggregate.paired_differences(df, metric)
-    means = stats[metric].pivot(index="label", columns="eval_len", values="mean")
-    means = means.reindex(list(dict.fromkeys(stats[metric]["label"])))
-    return {"pairwise": pairs, "ranks": aggregate.separable_ranks(pairs, means, higher_is_better)}
+    """The paired differences of every two labels at every length (of the metric ``metric``'s
+    spec pairs on: NLL for perplexity, where differences add up), and the ranks they allow."""
+    spec = metrics.spec(metric)
+    pairs = aggregate.paired_differences(df, spec.paired)
+    means = stats[spec.paired].pivot(index="label", columns="eval_len", values="mean")
+    means = means.reindex(list(dict.fromkeys(stats[spec.paired]["label"])))
+    ranks = aggregate.separable_ranks(pairs, means, spec.higher_is_better)
+    return {"pairwise": pairs, "ranks": ranks}
 
 
 def ranks_markdown(ranks: pd.DataFrame) -> str:
@@ -36,7 +33,7 @@ def ranks_markdown(ranks: pd.DataFrame) -> str:
 
 def pairwise_markdown(report: Report) -> list[str]:
     """The section saying which differences between schemes the seeds support."""
-    pairs, metric = report.tables["pairwise"], pairwise_metric(report.options.metric)
+    pairs, metric = report.tables["pairwise"], metrics.spec(report.options.metric).paired
     n = int(pairs["n"].max()) if len(pairs) else 0
     if n < 2:
         how = (

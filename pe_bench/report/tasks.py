@@ -27,11 +27,11 @@ import pandas as pd
 
 from pe_bench.data.tasks import TASKS
 from pe_bench.records import TASK_MODE, atomic_write_text
-from pe_bench.report import aggregate, cost, figures, latex
-from pe_bench.report.aggregate import TASK_METRICS
+from pe_bench.report import aggregate, cost, figures, latex, metrics
 from pe_bench.report.best import legend, value_marks
 from pe_bench.report.inputs import Options, Report, commands, report_lock
 from pe_bench.report.markdown import distinct, shared_count, shared_value, write_csv
+from pe_bench.report.metrics import spec
 from pe_bench.report.ranking import (
     compare_markdown,
     compare_section,
@@ -43,7 +43,6 @@ from pe_bench.report.ranking import (
 from pe_bench.report.sections import cpu_line, runs_markdown, trained_models, value_markdown
 from pe_bench.report.significance import pairwise_tables, ranks_markdown
 
-TITLES = {"exact_match": "Exact match", "token_acc": "Token accuracy"}
 LEARNED = 0.5  # mean exact match at the training length below which a task counts as not learned
 MEANING = (
     "Each model was trained on one task, on instances of every input length up to the "
@@ -91,9 +90,9 @@ def build_task_report(
     report = Report(out / "report.md", options, skipped=aggregate.skipped_evaluations(df))
     report.frame, report.records, report.tasks = df, records, list(per_task)
     for task, rows in per_task.items():
-        for metric in TASK_METRICS:
+        for metric in [s.name for s in metrics.present(metrics.TASK, rows)]:
             stats = {metric: aggregate.seed_stats(rows, metric)}
-            pairwise = pairwise_tables(rows, stats, metric, higher_is_better=True)
+            pairwise = pairwise_tables(rows, stats, metric)
             report.tables[f"{task}_{metric}"] = stats[metric]
             report.tables |= {f"{task}_{metric}_{kind}": t for kind, t in pairwise.items()}
     report.tables |= ranking_tables(df, list(per_task), options.compare)
@@ -111,9 +110,14 @@ def build_task_report(
     return report
 
 
+def task_metrics(report: Report, task: str) -> list[str]:
+    """The task metrics (``report.metrics``) of ``task``'s tables, in their registered order."""
+    return [m for m in metrics.names(metrics.TASK) if f"{task}_{m}" in report.tables]
+
+
 def write_task_tables(folder: Path, report: Report, tasks: list[str]) -> None:
     for task in tasks:
-        for metric in TASK_METRICS:
+        for metric in task_metrics(report, task):
             name = f"{task}_{metric}"
             table, ranks = report.tables[name], report.tables[f"{name}_ranks"]
             write_csv(folder / f"{name}.csv", table)
@@ -133,19 +137,19 @@ def write_task_latex(folder: Path, report: Report, tasks: list[str]) -> list[Pat
     from it underlined) and ranks, the mean reciprocal rank, the comparison and the cost."""
     written = []
     for task in tasks:
-        for metric in TASK_METRICS:
-            name = f"{task}_{metric}"
+        for metric in task_metrics(report, task):
+            name, higher, shown = f"{task}_{metric}", spec(metric).higher_is_better, spec(metric)
             table, ranks = report.tables[name], report.tables[f"{name}_ranks"]
-            marks = value_marks(table, report.tables[f"{name}_pairwise"], higher_is_better=True)
-            title = f"{task}: {TITLES[metric].lower()} by input length, mean over seeds [95% CI]."
-            note = legend(marks, higher_is_better=True)
+            marks = value_marks(table, report.tables[f"{name}_pairwise"], higher_is_better=higher)
+            title = f"{task}: {shown.title.lower()} by input length, mean over seeds [95% CI]."
+            note = legend(marks, higher_is_better=higher)
             text, keyed = value_markdown(table, metric), latex.header_marks(marks)
             written.append(latex.write(folder, name, text, title, [note], keyed))
             flags = ranks.fillna(0).eq(1)
             ones = {
                 (lab, str(n)): "best" for lab, r in flags.iterrows() for n, hit in r.items() if hit
             }
-            title = f"{task}: rank by {TITLES[metric].lower()} that the seeds support."
+            title = f"{task}: rank by {spec(metric).title.lower()} that the seeds support."
             written.append(
                 latex.write(
                     folder, f"{name}_ranks", ranks_markdown(ranks), title, ["Bold: rank 1."], ones
@@ -183,8 +187,11 @@ def draw_task_figures(
     style = figures.styles(aggregate.label_order(df))
     drawn = {}
     with figures.theme():
-        for metric in TASK_METRICS:
-            stats = {task: report.tables[f"{task}_{metric}"] for task in tasks}
+        for metric in metrics.names(metrics.TASK):
+            having = [t for t in tasks if metric in task_metrics(report, t)]
+            stats = {t: report.tables[f"{t}_{metric}"] for t in having}
+            if not stats:
+                continue
             figure = figures.task_figure(stats, style, metric, train_len)
             drawn[metric] = figures.save(figure, folder, f"{metric}_vs_length")
     return drawn
@@ -236,7 +243,7 @@ def task_markdown(root: Path, out: Path, df: pd.DataFrame, report: Report, tasks
     lines += cost.section(df, report.tables["cost"])
     lines += ["## Figures", ""]
     for metric, path in report.figures.items():
-        lines += [f"![{TITLES[metric]} vs length]({os.path.relpath(path, out)})", ""]
+        lines += [f"![{spec(metric).title} vs length]({os.path.relpath(path, out)})", ""]
     lines += ["## Runs", "", runs_markdown(runs), "", *provenance(df, tasks)]
     lines += reproduce(root, out, report.options)
     return "\n".join(lines)
@@ -253,8 +260,8 @@ def task_section(report: Report, task: str, train_len: int) -> list[str]:
             "token accuracy says how much of each answer a scheme still gets right.",
             "",
         ]
-    for metric in sorted(TASK_METRICS, key=lambda m: m != headline):
-        name, title = f"{task}_{metric}", TITLES[metric]
+    for metric in sorted(task_metrics(report, task), key=lambda m: m != headline):
+        name, title = f"{task}_{metric}", spec(metric).title
         title += " (headline: the metric its paper reports)" if metric == headline else ""
         lines += [f"{title}:", "", value_markdown(report.tables[name], metric), ""]
         pairs, ranks = report.tables[f"{name}_pairwise"], report.tables[f"{name}_ranks"]
@@ -275,9 +282,10 @@ def ranks_lines(pairs: pd.DataFrame, ranks: pd.DataFrame, metric: str) -> list[s
     n = int(pairs["n"].max()) if len(pairs) else 0
     if n < 2:
         return ["One seed: no difference can be told from seed noise.", ""]
-    title = TITLES[metric].lower()
+    title = spec(metric).title.lower()
+    better = "higher" if spec(metric).higher_is_better else "lower"
     return [
-        f"Rank by {title} = 1 + the schemes whose {title} is higher and separated (95% "
+        f"Rank by {title} = 1 + the schemes whose {title} is {better} and separated (95% "
         f"t-interval of the paired difference over {n} seeds excludes 0); "
         f"{int(pairs['separated'].sum())} of {len(pairs)} pairs are separated.",
         "",

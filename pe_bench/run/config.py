@@ -59,6 +59,29 @@ class PasskeyConfig:
 
 
 @dataclass
+class RulerConfig:
+    """``model.ruler`` in ``conf/model/hf.yaml`` (``pe_bench.pretrained.ruler``)."""
+
+    tasks: list[str] = field(default_factory=lambda: ["niah_single_1", "niah_multikey_1", "vt"])
+    factors: list[Annotated[float, Range(gt=0)]] = field(default_factory=lambda: [0.5, 1, 2])
+    lengths: list[Annotated[int, Range(ge=1)]] | None = None  # tokens; default: factors x L
+    trials: Annotated[int, Range(ge=1)] = 5  # prompts per (task, length): the CI is over them
+    depth_bins: Annotated[int, Range(ge=1)] = 5  # rows of the depth x length figure
+    # greedy decoding budget; null: each task's own (RULER's: niah 128, vt 30, cwe 120, fwe 50)
+    max_new_tokens: Annotated[int, Range(ge=1)] | None = None
+    seed: int = 0
+    variants: list[str] | None = None  # eval.variants keys tested besides the model; null: all
+
+    def __post_init__(self) -> None:
+        check_fields(self, "model.ruler")
+
+    def prompt_lengths(self, train_len: int) -> list[int]:
+        """Sorted distinct target lengths in tokens (prompt and generated tokens, as RULER's
+        ``max_seq_length``)."""
+        return sorted(set(self.lengths or [round(f * train_len) for f in self.factors]))
+
+
+@dataclass
 class PretrainedConfig:
     """``conf/model/hf.yaml``: which pretrained model, and how it is evaluated."""
 
@@ -72,6 +95,7 @@ class PretrainedConfig:
     rope_impl: str = "pe_bench"  # pe_bench | hf: how variants with an HF rope_type are applied
     test_slices: Annotated[int, Range(ge=1)] = 4  # disjoint test slices: the CIs are over them
     passkey: dict[str, Any] | None = None  # a PasskeyConfig (``passkey_config``); null: none
+    ruler: dict[str, Any] | None = None  # a RulerConfig (``ruler_config``); null: none
 
     def __post_init__(self) -> None:
         if self.name in ("", "???"):
@@ -103,6 +127,10 @@ class PretrainedConfig:
             if self.passkey is None
             else from_node(PasskeyConfig, self.passkey, "model.passkey")
         )
+
+    def ruler_config(self) -> RulerConfig | None:
+        """``ruler`` checked and typed (None: no RULER tasks)."""
+        return None if self.ruler is None else from_node(RulerConfig, self.ruler, "model.ruler")
 
 
 @dataclass(frozen=True)
@@ -211,9 +239,9 @@ def _run_hash(cfg: DictConfig) -> str:
 
 
 def _pretrained_hash(resolved: dict[str, Any]) -> str:
-    """A pretrained model's identity: the model config (its passkey settings aside, which have
-    their own hash in its records) and the data."""
-    model = {k: v for k, v in resolved["model"].items() if k != "passkey"}
+    """A pretrained model's identity: the model config (its passkey and RULER settings aside,
+    which have their own hash in its records) and the data."""
+    model = {k: v for k, v in resolved["model"].items() if k not in ("passkey", "ruler")}
     if model.get("gguf_file") is None:  # added later: unset, it leaves earlier run ids as they were
         model.pop("gguf_file", None)
     return config_hash({"model": model, "data": resolved["data"]})

@@ -58,6 +58,9 @@ class EvalConfig:
     modes: list[str] = field(default_factory=lambda: ["nonoverlap"])
     stride: Annotated[int, AT_LEAST_1] | None = None  # sliding stride; default: train length
     tokens: Annotated[int, AT_LEAST_1] = 65536  # targets scored at every length
+    # truncate (model=hf): documents per test slice, each the longest length's tokens; null:
+    # eval.tokens // the longest length
+    documents: Annotated[int, AT_LEAST_1] | None = None
     batch_tokens: Annotated[int, AT_LEAST_1] = 8192  # tokens per forward pass
     variants: dict[str, Any] | None = None  # eval-time variants: key -> pe config (null: none)
     # Context-use probes after perplexity (pe_bench/run/probes.py) and their sizes.
@@ -107,7 +110,7 @@ class EvalConfig:
 
     def stride_for(self, mode: str, length: int, train_len: int) -> int:
         """A window's step (sliding), or the targets each window scores (tail)."""
-        if mode in ("nonoverlap", TASK_MODE):
+        if mode in ("nonoverlap", "truncate", TASK_MODE):
             return length
         stride = self.stride or train_len
         if stride > length:

@@ -36,7 +36,7 @@ from pe_bench.positions import (
     scheme_class,
     scheme_key,
 )
-from pe_bench.records import TAIL_MODE, TASK_MODE
+from pe_bench.records import TAIL_MODE, TASK_MODE, TRUNCATE_MODE
 from pe_bench.run.config import RunConfig
 from pe_bench.run.evaluate import EvalTask, eval_tasks
 from pe_bench.run.probes import probe_tasks
@@ -175,6 +175,11 @@ def _modes(cfg: RunConfig, lengths: list[int]) -> list[str]:
         raise UserError(
             "eval.modes: tail (windows that end at the scored targets, the context before them "
             "taken from the corpus) is for model=hf; allowed here: nonoverlap, sliding"
+        )
+    if TRUNCATE_MODE in cfg.eval.modes:
+        raise UserError(
+            "eval.modes: truncate (documents truncated to the window, the papers' protocol) is "
+            "for model=hf; allowed here: nonoverlap (every position of windows back to back)"
         )
     if cfg.data.get("source") != "task":
         return cfg.eval.modes

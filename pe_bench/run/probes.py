@@ -27,7 +27,8 @@ job, after perplexity (``eval.probes``; sizes under ``eval.*``, see ``EvalConfig
   The weights are recomputed from each layer's own input with the scheme's hooks
   (``attention_weights``: ``transform_qk``, then the scheme's logits and weights by query
   chunks, its ``modify_logits`` and ``attention_weights`` included, as the model attends),
-  since the fused kernels do not return them.
+  since the fused kernels do not return them; a scheme that attends itself (``attend``)
+  gives them as its output for the identity as values.
 
 Each measurement is a record keyed like the perplexity records (``RECORD_KEY``) with ``mode``
 the probe's name and ``eval_len`` the length of the sequences it runs (for ``retrieval`` P +
@@ -416,6 +417,17 @@ def attention_weights(
     )
 
 
+def own_attention_weights(
+    attn: CausalSelfAttention, x: Tensor, q: Tensor, k: Tensor, ctx: ForwardContext
+) -> Tensor:
+    """The weights ``[b, n_h, s, s]`` of a scheme that attends itself (``attend``, e.g.
+    CABLE, PaTH), in float32: its output for the values e_1 .. e_s (the identity), which is
+    the weights wherever the output is a weighted sum of the values, as attention's is."""
+    b, h, s, _ = q.shape
+    eye = torch.eye(s, device=q.device, dtype=q.dtype).expand(b, h, s, s)
+    return ctx.pe.attend(x, q, k, eye, ctx.pos, attn.layer).float()
+
+
 @dataclass
 class AttentionSums:
     """Per layer: summed mean distance and entropy over every (batch, head, query) seen."""
@@ -446,6 +458,9 @@ def observed_attention(model: GPT) -> Iterator[AttentionSums]:
     def observe(attn: CausalSelfAttention, args: tuple, output: Tensor) -> None:
         x, ctx = args
         q, k, _ = layer_qkv(attn, x, ctx)
+        if ctx.pe.has_own_attention:  # weights only the scheme's own attention can give
+            sums.add(attn.layer, own_attention_weights(attn, x, q, k, ctx), 0)
+            return
         b, h, s, _ = q.shape
         chunk = max(1, MASK_BUDGET // (b * h * s))
         for start in range(0, s, chunk):

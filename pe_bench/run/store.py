@@ -208,8 +208,14 @@ class RunStore:
         """The tasks of ``run_id`` that have no record yet."""
         return [t for t in tasks if (run_id, *t.key()) not in self._done]
 
-    def add(self, record: dict[str, Any], position_loss: list[float | None] | None = None) -> None:
-        """Add a record (and the per-position loss of an ok one) and rewrite the files whole:
+    def add(
+        self,
+        record: dict[str, Any],
+        position_loss: list[float | None] | None = None,
+        window_loss: list[list[float | None]] | None = None,
+    ) -> None:
+        """Add a record (and the per-position loss of an ok one, with each window's loss by
+        bucket of positions where the scorer keeps it) and rewrite the files whole:
         a kill loses at most the record being computed. The position row is written first: a
         kill between the two writes leaves a row without its record, which the next run drops
         and computes again (the other order would leave a record whose row is never made)."""
@@ -218,7 +224,8 @@ class RunStore:
         if position_loss is not None:
             who = {k: record[k] for k in ("run_id", "scheme", "finetune") if k in record}
             key = {k: record[k] for k in RECORD_KEY}
-            self.positions.append({**who, **key, "loss": position_loss})
+            windows = {"window_loss": window_loss} if window_loss is not None else {}
+            self.positions.append({**who, **key, "loss": position_loss, **windows})
             write_jsonl(self.folder / POSITIONS, self.positions)
         write_jsonl(self.folder / RECORDS, self.records)
 

@@ -241,7 +241,7 @@ def test_provenance_names_the_cpu_where_records_do(tmp_path):
     text = (tmp_path / "new" / "report.md").read_text()
     named = "AMD EPYC (AVX2) for 6 of 8 records; the others name no CPU"
     assert f"- CPU (ATen kernels): {named}\n" in text
-    assert "(device cpu; torch 2.13.0): one wall-clock" in text  # the cost notes, then
+    assert ", device cpu, torch 2.13.0: one wall-clock" in text  # the cost notes, then
     assert f"CPU (ATen kernels): {named}.  \n" in text
 
 

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from pe_bench.cli.report import main as report_main
 from pe_bench.errors import UserError
-from pe_bench.report import aggregate, compare
+from pe_bench.report import aggregate, compare, protocols
 from pe_bench.report.build import build_report
 from pe_bench.report.inputs import Options
 from pe_bench.report.ranking import ranking_tables
@@ -181,7 +181,7 @@ def test_a_pretrained_models_labels_are_read_as_a_rope_models():
     """model=hf labels (`<model>`, `<model>+<variant>`) meet a paper's rows without fine-tuning
     (`rope`, `rope+<variant>`); other labels stay."""
     stats = pd.DataFrame({"label": ["SmolLM2", "SmolLM2+yarn", "SmolLM2x", "alibi"], "mean": 1.0})
-    assert compare.as_rope(stats, "SmolLM2")["label"].tolist() == [
+    assert protocols.as_rope(stats, "SmolLM2")["label"].tolist() == [
         "rope",
         "rope+yarn",
         "SmolLM2x",

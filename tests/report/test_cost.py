@@ -49,7 +49,7 @@ def test_the_notes_name_the_hardware_and_what_is_missing():
     table = cost.cost_table(df)
     assert "peak_mem_mb" not in table
     notes = " ".join(cost.cost_notes(df, table))
-    assert "Measured on cpu (x86_64, 2 threads) (device cpu; torch 2.13.0)" in notes
+    assert "Measured on cpu (x86_64, 2 threads), device cpu, torch 2.13.0: one" in notes
     assert "Not in the records, so not shown: peak memory (`peak_mem_mb`)." in notes
     assert "eval-time variant" in notes
     assert "fine-tuning" not in notes  # nothing is fine-tuned: its absence is no gap

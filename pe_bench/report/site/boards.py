@@ -13,6 +13,7 @@ import pandas as pd
 from pe_bench.positions import scheme_family
 from pe_bench.report import figures
 from pe_bench.report.best import value_marks
+from pe_bench.report.metrics import spec
 from pe_bench.report.site import svg
 from pe_bench.report.site.html import Cell, Column, Row, data_json, e, table
 
@@ -86,6 +87,31 @@ class Board:
         if not (pd.isna(cell["ci_low"]) or pd.isna(cell["ci_high"])):
             text += f" [{self.fmt.format(cell['ci_low'])}, {self.fmt.format(cell['ci_high'])}]"
         return text
+
+
+def metric_board(
+    key: str,
+    title: str,
+    stats: pd.DataFrame,
+    pairs: pd.DataFrame | None,
+    metric: str,
+    train_len: int,
+) -> Board:
+    """The board of a registered metric (``report.metrics``): its format, axis, direction,
+    scale and bounds from its spec."""
+    shown = spec(metric)
+    return Board(
+        key,
+        title,
+        stats,
+        pairs,
+        shown.fmt,
+        train_len,
+        shown.axis,
+        higher=shown.higher_is_better,
+        log=shown.log_axis,
+        bounds=shown.bounds,
+    )
 
 
 def board_table(board: Board, info: dict[str, Label], root: str, facts: bool = True) -> str:

@@ -12,14 +12,23 @@ from pe_bench.errors import UserError
 from pe_bench.records import atomic_write_bytes, atomic_write_text
 from pe_bench.report import aggregate, cost
 from pe_bench.report.best import score_marks
-from pe_bench.report.figures import LANDMARKS, TITLES, YLABELS
+from pe_bench.report.figures import LANDMARKS
 from pe_bench.report.inputs import Report, commands
-from pe_bench.report.markdown import FORMATS, caption
+from pe_bench.report.markdown import caption
+from pe_bench.report.metrics import spec
 from pe_bench.report.passkey import accuracy_table, passkey_rows
 from pe_bench.report.ranking import ranked_by
+from pe_bench.report.ruler import ruler_rows, score_table
 from pe_bench.report.sections import provenance_markdown, summary_markdown, trained_models
 from pe_bench.report.site import boards, schemes
-from pe_bench.report.site.boards import KINDS, Board, Label, board_panels, board_table
+from pe_bench.report.site.boards import (
+    KINDS,
+    Board,
+    Label,
+    board_panels,
+    board_table,
+    metric_board,
+)
 from pe_bench.report.site.costs import beside, cost_table
 from pe_bench.report.site.html import (
     GENERATOR,
@@ -84,18 +93,9 @@ def perplexity_index(
 ) -> tuple[str, list[Board]]:
     """The index of a perplexity report, and its boards (for the scheme pages)."""
     df, opts, tables = report.frame, report.options, report.tables
-    metric, stats = opts.metric, tables[opts.metric]
+    metric, stats, shown = opts.metric, tables[opts.metric], spec(opts.metric)
     train_len = int(df["train_len"].dropna().iloc[0])
-    board = Board(
-        "main",
-        TITLES[metric],
-        stats,
-        tables["pairwise"],
-        FORMATS[metric],
-        train_len,
-        YLABELS[metric],
-        log=metric == "ppl",
-    )
+    board = metric_board("main", shown.title, stats, tables["pairwise"], metric, train_len)
     board.extra = [score_column(tables), *beside(tables["cost"], board.lengths)]
     boards_ = [board]
     parts = [
@@ -107,6 +107,7 @@ def perplexity_index(
                 "curves",
                 "cost",
                 *(["passkey"] if passkey_present(report) else []),
+                *(["ruler"] if ruler_board(report) is not None else []),
                 "schemes",
                 "about",
             ]
@@ -114,29 +115,18 @@ def perplexity_index(
         filters(info, board.lengths, train_len),
         section(
             "leaderboard",
-            f"{TITLES[metric]} by evaluation length",
+            f"{shown.title} by evaluation length",
             paragraph(caption(stats, metric, df)[0].upper() + caption(stats, metric, df)[1:] + "."),
             board_table(board, info, ""),
-            paragraph(legend_text(False), "note"),
+            paragraph(legend_text(shown.higher_is_better), "note"),
             caveats(df),
         ),
         section(
-            "curves", f"{TITLES[metric]} vs evaluation length", board_panels(board, info, LANDMARKS)
+            "curves", f"{shown.title} vs evaluation length", board_panels(board, info, LANDMARKS)
         ),
         cost_section(report, info),
     ]
-    if passkey_present(report):
-        key = passkey_board(report)
-        boards_.append(key)
-        parts.append(
-            section(
-                "passkey",
-                "Passkey retrieval",
-                paragraph(PASSKEY),
-                board_table(key, info, ""),
-                board_panels(key, info),
-            )
-        )
+    parts += retrieval_sections(report, info, boards_)
     parts += [scheme_list(info), about(report, root)]
     return "\n".join(parts), boards_
 
@@ -179,6 +169,62 @@ PASSKEY = (
     "depth, greedy decoding, exact match. Accuracy over trials with its 95% Wilson interval, "
     "per target prompt length; every label answers the same prompts."
 )
+
+
+RULER = (
+    "Hsieh et al. (2024), RULER's synthetic tasks as its generators write them: the fraction "
+    "of the expected strings in the greedy output, over every trial of the run's tasks (their "
+    "mean), with its 95% Wilson interval, per target length; every label answers the same "
+    "prompts. report.md has each task's."
+)
+
+
+def ruler_board(report: Report) -> Board | None:
+    """RULER's score per label and length (the mean over the run's tasks) as a board; None
+    without RULER records."""
+    rows = ruler_rows(report.records) if len(report.records) else pd.DataFrame()
+    if rows.empty:
+        return None
+    table = score_table(rows)
+    several = table["task"].eq("mean").any()
+    table = table[table["task"] == ("mean" if several else table["task"].iloc[0])]
+    scores = table.rename(columns={"trials": "n", "score": "mean"}).drop(columns="task")
+    train_len = int(rows["train_len"].iloc[0])
+    return Board(
+        "ruler", "RULER score", scores, None, "{:.2f}", train_len, "score",
+        higher=True, bounds=(0.0, 1.0),
+    )  # fmt: skip
+
+
+def retrieval_sections(report: Report, info: dict[str, Label], boards_: list[Board]) -> list[str]:
+    """The passkey and RULER sections of the index, where the run has them (their boards
+    appended to ``boards_``)."""
+    parts: list[str] = []
+    if passkey_present(report):
+        key = passkey_board(report)
+        boards_.append(key)
+        parts.append(
+            section(
+                "passkey",
+                "Passkey retrieval",
+                paragraph(PASSKEY),
+                board_table(key, info, ""),
+                board_panels(key, info),
+            )
+        )
+    ruler = ruler_board(report)
+    if ruler is not None:
+        boards_.append(ruler)
+        parts.append(
+            section(
+                "ruler",
+                "RULER",
+                paragraph(RULER),
+                board_table(ruler, info, ""),
+                board_panels(ruler, info),
+            )
+        )
+    return parts
 
 
 def passkey_present(report: Report) -> bool:

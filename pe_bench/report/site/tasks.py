@@ -7,36 +7,27 @@ import pandas as pd
 
 from pe_bench.data.tasks import TASKS
 from pe_bench.report.inputs import Report
-from pe_bench.report.markdown import FORMATS, distinct
+from pe_bench.report.markdown import distinct
+from pe_bench.report.metrics import spec
 from pe_bench.report.ranking import headlines
-from pe_bench.report.site.boards import Board, Label, board_panels, board_table
+from pe_bench.report.site.boards import Board, Label, board_panels, board_table, metric_board
 from pe_bench.report.site.html import Cell, Column, Row, e, paragraph, section, table
-from pe_bench.report.tasks import learned_note, train_lengths
-
-TITLES = {"exact_match": "Exact match", "token_acc": "Token accuracy"}
+from pe_bench.report.tasks import learned_note, task_metrics, train_lengths
 
 
 def task_boards(report: Report) -> list[Board]:
-    """Each task's exact-match and token-accuracy boards (higher is better, 0 to 1), its
-    headline metric's first."""
+    """Each task's boards, one per task metric of its records (exact match, token accuracy:
+    higher is better, 0 to 1), its headline metric's first."""
     found = []
     lengths, first = train_lengths(report.frame, report.tasks), headlines(report.tasks)
     for task in report.tasks:
-        for metric, title in sorted(TITLES.items(), key=lambda item: item[0] != first[task]):
+        for metric in sorted(task_metrics(report, task), key=lambda m: m != first[task]):
             name = f"{task}_{metric}"
             headline = " (headline)" if metric == first[task] else ""
+            title = f"{task}: {spec(metric).title.lower()}{headline}"
+            pairs = report.tables[f"{name}_pairwise"]
             found.append(
-                Board(
-                    name,
-                    f"{task}: {title.lower()}{headline}",
-                    report.tables[name],
-                    report.tables[f"{name}_pairwise"],
-                    FORMATS[metric],
-                    lengths[task],
-                    title.lower(),
-                    higher=True,
-                    bounds=(0.0, 1.0),
-                )
+                metric_board(name, title, report.tables[name], pairs, metric, lengths[task])
             )
     return found
 
@@ -63,11 +54,7 @@ def task_sections(report: Report, found: list[Board], info: dict[str, Label]) ->
     parts = []
     for task in report.tasks:
         doc = (TASKS[task].__doc__ or "").strip().split("\n\n")[0] if task in TASKS else task
-        mine = [
-            b
-            for b in found
-            if b.key.startswith(f"{task}_") and b.key.removeprefix(f"{task}_") in TITLES
-        ]
+        mine = [b for b in found if b.key in {f"{task}_{m}" for m in task_metrics(report, task)}]
         exact = next(b for b in mine if b.key == f"{task}_exact_match")
         body = [
             paragraph(" ".join(doc.split())),

@@ -70,6 +70,10 @@ VARIANTS = [
     "rerope",
     "leaky_rerope",
     "self_extend",
+    "dca",
+    "streaming_llm",
+    "lm_infinite",
+    "string",
 ]
 # The fast lane's sample of the per-scheme tests (``pytest -m "not slow"``): one scheme of each
 # attention path (fused causal, key term, distance table, float mask, explicit, hidden keys)
@@ -92,9 +96,21 @@ LOGIT_HOOKS = [
     "rerope",
     "leaky_rerope",
     "self_extend",
+    "dca",
+    "streaming_llm",
+    "lm_infinite",
+    "string",
 ]
 # Variants that change RoPE's logits past a window shorter than the training length.
-WINDOWED = ["rerope", "leaky_rerope", "self_extend"]
+WINDOWED = [
+    "rerope",
+    "leaky_rerope",
+    "self_extend",
+    "dca",
+    "streaming_llm",
+    "lm_infinite",
+    "string",
+]
 RELATIVE = [
     "t5",
     "xl",
@@ -118,6 +134,7 @@ RELATIVE = [
     "dape_kerple",
     "dape_alibi",
     "pope",
+    "string",
 ]
 NOT_RELATIVE = [
     "nope",
@@ -138,6 +155,9 @@ NOT_RELATIVE = [
     "leaky_rerope",
     "self_extend",
     "irope",
+    "dca",
+    "streaming_llm",
+    "lm_infinite",
     "fope",
     "bipe",
     "cable",

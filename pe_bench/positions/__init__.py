@@ -31,6 +31,7 @@ from pe_bench.positions import (  # noqa: F401  (importing registers the built-i
     gates,
     householder,
     logits,
+    long_context,
     polar,
     randomized,
     relative,

@@ -1,9 +1,10 @@
 """Eval-time variants of a trained RoPE that cap the relative positions a query sees by mixing
-the logits of two rotations by distance: ReRoPE, leaky ReRoPE and Self-Extend.
+the logits of two rotations by distance: ReRoPE, leaky ReRoPE and Self-Extend; and their base,
+``WindowedRoPE``, which scores each (query, key) pair with one of a few rotations.
 
-Each leaves q and k unrotated in ``rotate`` and rotates them twice in ``modify_logits`` (which
-gets q and k after ``transform_qk``): once at their own positions, for the keys within the
-window, and once at the positions that give the capped relative position, for the others.
+Each leaves q and k unrotated in ``rotate`` and rotates them in ``modify_logits`` (which gets q
+and k after ``transform_qk``): once at their own positions, for the keys within the window, and
+once at the positions that give the capped relative position, for the others.
 """
 
 from __future__ import annotations
@@ -36,8 +37,14 @@ def rotated_logits(q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, inv_freq:
 
 
 class WindowedRoPE(RoPE):
-    """RoPE's logits for keys closer than the window w, other logits for the rest (a base for
-    ReRoPE and Self-Extend): q and k are rotated in ``modify_logits``, not in ``rotate``."""
+    """A trained rope read at other positions: each (query, key) pair is scored by one of a few
+    rotations (branches), each rotating q and k to positions of its own; pairs no branch
+    scores are hidden. The base for ReRoPE and Self-Extend (near: RoPE for keys closer than
+    the window w; far: ``far_positions`` for the rest) and for the long-context methods of
+    ``positions.long_context`` (DCA, StreamingLLM, LM-Infinite, STRING). q and k are rotated in
+    ``modify_logits``, not in ``rotate``, which only scales them by ``rotary_factor`` (a
+    factor on cos and sin, as HF's ``attention_scaling``). ``pretrained.windowed`` computes
+    the same branches on an HF model without an L x L matrix."""
 
     variant_of = "rope"
     relative = False
@@ -46,11 +53,35 @@ class WindowedRoPE(RoPE):
     def rotate(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
     ) -> tuple[Tensor, Tensor]:
-        return q, k  # both rotations happen in modify_logits
+        # both rotations happen in modify_logits; a factor on cos and sin scales q and k
+        factor = self.rotary_factor(self.context_len(k_pos))
+        return (q, k) if factor == 1 else (q * factor, k * factor)
+
+    def rotary_factor(self, seq_len: int) -> float:
+        """The factor on cos and sin (of q and k alike) at a context of ``seq_len`` keys."""
+        return 1.0
+
+    @property
+    def plain_up_to(self) -> int:
+        """A length up to which the scheme computes RoPE's own logits (every pair in the near
+        branch, factor 1; log-n aside): the window."""
+        return self.window
 
     def far_positions(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         """The (real-valued) positions q and k are rotated to for keys at distance >= w."""
         raise NotImplementedError
+
+    def branch_positions(self, q_pos: Tensor, k_pos: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Each branch's (q_at ``[s_q]``, k_at ``[s_k]``): the positions it rotates q and k to
+        (a branch that rotates the keys as another does returns the same tensor). Near: the
+        tokens' own; far: ``far_positions``."""
+        return [(q_pos, k_pos), self.far_positions(q_pos, k_pos)]
+
+    def branch_scores(self, q_pos: Tensor, k_pos: Tensor) -> list[Tensor]:
+        """Which (query, key) pairs each branch scores, ``[s_q, s_k]`` bool, disjoint (future
+        keys are masked afterwards): near where i - j < w, far elsewhere."""
+        within = (q_pos.unsqueeze(-1) - k_pos) < self.window
+        return [within, ~within]
 
     def modify_logits(
         self,
@@ -63,10 +94,13 @@ class WindowedRoPE(RoPE):
         layer: int,
     ) -> Tensor:
         inv_freq = self.frequencies(k_pos)
-        near = rotated_logits(q, k, q_pos, k_pos, inv_freq)
-        far = rotated_logits(q, k, *self.far_positions(q_pos, k_pos), inv_freq)
-        within = (q_pos.unsqueeze(-1) - k_pos) < self.window  # [s_q, s_k]
-        return near.where(within, far)  # no bias: RoPE has none
+        merged, scored = None, None
+        positions = self.branch_positions(q_pos, k_pos)
+        for (q_at, k_at), scores in zip(positions, self.branch_scores(q_pos, k_pos), strict=True):
+            branch = rotated_logits(q, k, q_at, k_at, inv_freq)
+            merged = branch if merged is None else branch.where(scores, merged)
+            scored = scores if scored is None else scored | scores
+        return merged.masked_fill(~scored, -math.inf)  # no bias: RoPE has none
 
 
 @register("rerope")

@@ -5,10 +5,11 @@ its scheme's code (``positions.scheme_key``), and ``RunStore`` recomputes the re
 another key. It covers what pe-bench adds to the model: the functions that apply an eval-time
 variant to an HF model (``pretrained.rope``: the model's rotary spec, the patched frequencies
 and attention, HF's ``rope_parameters`` of each method, which labels compute the same numbers
-at a length; ``pretrained.windowed``: ReRoPE's and Self-Extend's attention) and the passkey
-test's prompts and greedy decoding (``pretrained.passkey``), each as its normalised syntax
-tree (``fingerprint.normalised_source``: docstrings, comments and where the function sits do
-not count). A variant's records carry the key of the variant's own code as ``variant_source``
+at a length; ``pretrained.windowed``: the attention of ReRoPE, Self-Extend, DCA and the other
+windowed variants) and the passkey test's prompts and greedy decoding
+(``pretrained.passkey``), each as its normalised syntax tree
+(``fingerprint.normalised_source``: docstrings, comments and where the function sits do not
+count). A variant's records carry the key of the variant's own code as ``variant_source``
 (``variant_key``), so editing one variant recomputes its records only.
 
 The model's weights are keyed apart, as ``weights_sha`` (``weights_key``): a GGUF file by its
@@ -37,8 +38,10 @@ if TYPE_CHECKING:
 
 # What applies a variant to an HF model (pe_bench.pretrained.rope) ...
 APPLY = (
+    "LONG_LAYERS",
     "rope_spec",
     "rotary_modules",
+    "attention_layers",
     "scaled_attention",
     "register_attention",
     "scheme_defaults",
@@ -59,8 +62,8 @@ APPLY = (
     "effect",
     "same_as",
 )
-# ... with the attention of ReRoPE and Self-Extend (pe_bench.pretrained.windowed) ...
-WINDOWED = ("rotate", "windowed_attention", "_pieces", "attend", "merge")
+# ... with the attention of the windowed variants (pe_bench.pretrained.windowed) ...
+WINDOWED = ("Piece", "rotate", "windowed_attention", "plan", "_runs", "attend", "merge")
 # ... and the passkey test's prompts and decoding (pe_bench.pretrained.passkey).
 PASSKEY = (
     "TASK",

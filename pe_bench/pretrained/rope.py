@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 import logging
 import math
@@ -50,13 +51,24 @@ class RopeSpec:
 
     dims: ModelDims  # head_dim is the rotary dim; train_len the pretraining context
     theta: float  # rope_theta
-    params: dict[str, Any]  # the model's own rope_parameters
+    params: dict[str, Any]  # the model's own rope_parameters (of ``layer_type``'s layers)
+    # A model whose layer types have ropes of their own (Gemma 3: sliding and full attention):
+    # the type whose rope the variants change, the others left as they are. None: one rope.
+    layer_type: str | None = None
+
+
+LONG_LAYERS = "full_attention"  # the layers of a model with per-type ropes that see far keys
 
 
 def rope_spec(config: Any, train_len: int | None, name: str) -> RopeSpec:
-    """The rotary dims, base and context of an HF config; a model whose config already scales
-    its RoPE (a rope_type other than default) is refused: its variants would stack."""
+    """The rotary dims, base and context of an HF config (of its full-attention layers' rope
+    where each layer type has its own, as Gemma 3's); refused in one line: a model whose config
+    already scales its RoPE (a rope_type other than default: its variants would stack), and
+    one that soft-caps its attention logits (Gemma 2), which pe-bench's attention does not."""
     params = dict(getattr(config, "rope_parameters", None) or {})
+    layer_type = LONG_LAYERS if isinstance(params.get(LONG_LAYERS), dict) else None
+    if layer_type is not None:
+        params = dict(params[layer_type])
     if "rope_theta" not in params:
         raise UserError(f"{name}: its config has no rope_theta; model=hf evaluates RoPE models")
     if params.get("rope_type", "default") != "default":
@@ -64,24 +76,47 @@ def rope_spec(config: Any, train_len: int | None, name: str) -> RopeSpec:
             f"{name} already scales its RoPE (rope_type {params['rope_type']!r}); allowed: "
             "models with rope_type default, whose variants pe-bench applies"
         )
+    softcap = getattr(config, "attn_logit_softcapping", None)
+    if softcap is not None:
+        raise UserError(
+            f"{name} ({config.model_type}) soft-caps its attention logits "
+            f"(attn_logit_softcapping {softcap}), which model=hf's attention (SDPA, the windowed "
+            "variants) does not compute; allowed: models without it (Gemma 3, Llama, Qwen, ...)"
+        )
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     rotary = int(head_dim * params.get("partial_rotary_factor", 1.0))
     context = train_len or params.get("original_max_position_embeddings")
+    # Phi-3 names its pretraining context so in the config, which HF's rope types read too
+    context = context or getattr(config, "original_max_position_embeddings", None)
     context = context or config.max_position_embeddings
     dims = ModelDims(config.hidden_size, heads, rotary, config.num_hidden_layers, int(context))
-    return RopeSpec(dims, float(params["rope_theta"]), params)
+    return RopeSpec(dims, float(params["rope_theta"]), params, layer_type)
 
 
 def rotary_modules(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     """(parent, attribute, module) of each HF rotary embedding (a module with ``inv_freq``
-    and ``attention_scaling``), so that it can be patched or replaced."""
+    and ``attention_scaling``, or one of each per layer type, as Gemma 3's), so that it can be
+    patched or replaced."""
     found = []
     for name, module in model.named_modules():
-        if hasattr(module, "inv_freq") and hasattr(module, "attention_scaling"):
+        per_type = getattr(module, "layer_types", None)
+        if (hasattr(module, "inv_freq") and hasattr(module, "attention_scaling")) or (
+            per_type and hasattr(module, f"{per_type[0]}_inv_freq")
+        ):
             parent_name, _, attr = name.rpartition(".")
             found.append((model.get_submodule(parent_name), attr, module))
     return found
+
+
+def attention_layers(model: nn.Module, layer_type: str | None) -> list[nn.Module]:
+    """The attention modules (those with a ``layer_idx``) whose rope a variant changes: all,
+    or those of ``layer_type``."""
+    return [
+        m
+        for m in model.modules()
+        if hasattr(m, "layer_idx") and layer_type in (None, getattr(m, "layer_type", None))
+    ]
 
 
 def scaled_attention(
@@ -227,8 +262,9 @@ def build_variants(eval_cfg: EvalConfig, spec: RopeSpec) -> list[Variant]:
         if cls.variant_of != "rope" or not (frequencies_only(cls) or windowed(cls)):
             raise UserError(
                 f"{where}: {cls.name!r} is not a RoPE variant of frequencies and logit scales "
-                "or of two rotations by distance; model=hf applies those (pi, ntk, dynamic_ntk, "
-                "yarn, logn, ntk_by_parts, llama3, longrope; rerope, leaky_rerope, self_extend)"
+                "or a windowed one; model=hf applies those (pi, ntk, dynamic_ntk, yarn, "
+                "logn, ntk_by_parts, llama3, longrope; rerope, leaky_rerope, self_extend, dca, "
+                "streaming_llm, lm_infinite, string)"
             )
         built = {**variant_cfg, "base": spec.theta}
         scheme = build_scheme(built, spec.dims, where + ".")
@@ -254,10 +290,12 @@ def rope_variant(
         return
     if uses_hf(variant, impl):
         params = {**spec.params, **HF_ROPE_TYPES[variant.scheme.name](variant, length, spec)}
+        if spec.layer_type is not None:  # the other layer types' ropes as they are
+            params = {**model.config.rope_parameters, spec.layer_type: params}
         with hf_rope(model, params, spec.dims.train_len):
             yield "hf"
         return
-    with pe_bench_rope(model, variant.scheme, length):
+    with pe_bench_rope(model, variant.scheme, length, spec.layer_type):
         yield "pe_bench"
 
 
@@ -273,7 +311,7 @@ def hf_rope(model: nn.Module, params: dict[str, Any], train_len: int) -> Iterato
     originals = rotary_modules(model)
     try:
         for parent, attr, module in originals:
-            device = module.inv_freq.device
+            device = next(iter(module.buffers())).device
             setattr(parent, attr, type(module)(config).to(device))
         yield
     finally:
@@ -282,12 +320,15 @@ def hf_rope(model: nn.Module, params: dict[str, Any], train_len: int) -> Iterato
 
 
 @contextlib.contextmanager
-def pe_bench_rope(model: nn.Module, scheme: RoPE, length: int) -> Iterator[None]:
+def pe_bench_rope(
+    model: nn.Module, scheme: RoPE, length: int, layer_type: str | None = None
+) -> Iterator[None]:
     """The rotary embeddings' frequencies from ``scheme`` at context ``length`` (fixed for the
     whole use, generation included), cos and sin times its ``attention_factor`` where it has
     one; a scheme's other ``logit_scale`` set on the attention modules for ``scaled_attention``.
-    A windowed scheme (ReRoPE, Self-Extend) gets q and k unrotated (cos 1, sin 0) and is set on
-    the attention modules, which rotate them its two ways (``windowed_attention``).
+    A windowed scheme (ReRoPE, DCA, ...) gets q and k unrotated (cos 1, sin 0) and is set on
+    the attention modules, which rotate them its ways (``windowed_attention``). With a
+    ``layer_type`` (per-type ropes), only that type's rope and layers.
     """
     device = next(model.parameters()).device
     scheme = scheme.to(device)
@@ -302,7 +343,9 @@ def pe_bench_rope(model: nn.Module, scheme: RoPE, length: int) -> Iterator[None]
         and type(scheme).logit_scale is not PositionScheme.logit_scale
     )
 
-    def forward(x: Tensor, position_ids: Tensor, **kwargs: Any) -> tuple[Tensor, Tensor]:
+    def forward(module: nn.Module, x: Tensor, position_ids: Tensor, *args: Any, **kwargs: Any):
+        if layer_type is not None and (args[:1] or [kwargs.get("layer_type")])[0] != layer_type:
+            return type(module).forward(module, x, position_ids, *args, **kwargs)
         freqs = position_ids[..., None].float() * inv_freq  # as HF: float32 angles
         emb = torch.cat((freqs, freqs), dim=-1)
         if two_ways:  # the identity: windowed_attention rotates q and k itself
@@ -311,10 +354,10 @@ def pe_bench_rope(model: nn.Module, scheme: RoPE, length: int) -> Iterator[None]
 
     rotaries = [module for _, _, module in rotary_modules(model)]
     attr, value = (WINDOWED_ATTR, scheme) if two_ways else (SCALE_ATTR, scheme.logit_scale)
-    layers = [m for m in model.modules() if hasattr(m, "layer_idx")] if two_ways or scales_q else []
+    layers = attention_layers(model, layer_type) if two_ways or scales_q else []
     try:
         for module in rotaries:
-            module.forward = forward
+            module.forward = functools.partial(forward, module)
         for module in layers:
             setattr(module, attr, value)
         yield
@@ -365,7 +408,8 @@ def effect(variant: Variant | None, spec: RopeSpec, length: int) -> Effect:
         scale = scheme.logit_scale(k_pos, k_pos, 0)
         scale = None if scale is None or bool((scale == 1).all()) else scale.double()
     if windowed(type(scheme)):
-        return plain if length <= scheme.window and scale is None else Effect(None, own=variant.key)
+        plain_here = length <= scheme.plain_up_to and scale is None
+        return plain if plain_here else Effect(None, own=variant.key)
     attention_factor = getattr(scheme, "attention_factor", None)
     factor = float(attention_factor(length)) if attention_factor is not None else 1.0
     return Effect(scheme.inv_freq(length).double().cpu(), factor, scale)

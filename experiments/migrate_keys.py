@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -216,7 +217,8 @@ class Folder:
 
         if self.cfg["pe"].get("plugin"):
             load_plugin(self.cfg["pe"]["plugin"])
-        job = plan(run_cfg)
+        # no key reads the device: a GPU run's records are checked on a machine without one
+        job = plan(replace(run_cfg, train=replace(run_cfg.train, device="cpu")))
         self.pe_source = job.pe_source
         self.variants = {t.variant: (t.variant_hash, t.variant_source) for t in job.tasks}
 

@@ -127,7 +127,8 @@ def from_node(cls: type[T], node: Any, prefix: str) -> T:
     if not isinstance(values, Mapping):
         raise UserError(f"{prefix} must be a mapping, got {values!r}")
     hints = typing.get_type_hints(cls, include_extras=True)
-    fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    # a field the constructor does not take (init=False) is no key of the config
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}  # type: ignore[arg-type]
     unknown = sorted(set(values) - fields)
     if unknown:
         raise UserError(f"unknown key {prefix}.{unknown[0]}; allowed: {', '.join(sorted(fields))}")

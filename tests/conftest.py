@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import DictConfig
 
-from pe_bench.positions import ModelDims
+from pe_bench.positions import ModelDims, base
 
-from .helpers import TINY, compose, pe_bench
+from .helpers import ROOT, TINY, compose, pe_bench
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -69,3 +70,18 @@ def tiny_config() -> Callable[..., DictConfig]:
     """The real Hydra config shrunk to a run that takes a second (``TINY``): call it with
     more overrides, e.g. ``tiny_config("pe=alibi")``, and pass the result to ``cli.bench.run``."""
     return lambda *overrides: compose(*TINY, *overrides)
+
+
+@pytest.fixture
+def example_plugin(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """examples/my_pe importable as ``my_pe``, not yet imported nor registered, so that
+    ``pe.plugin=my_pe`` (or its entry point) imports and registers it in this test; the
+    registry and ``sys.modules`` are as they were afterwards. (A ``my_pe`` module another test
+    left imported would not register again in a registry that lost it: "unknown scheme".)"""
+    folder = ROOT / "examples" / "my_pe"
+    monkeypatch.syspath_prepend(str(folder))
+    registry = {name: cls for name, cls in base._REGISTRY.items() if name != "my_pe"}
+    monkeypatch.setattr(base, "_REGISTRY", registry)
+    monkeypatch.delitem(sys.modules, "my_pe", raising=False)
+    yield folder
+    sys.modules.pop("my_pe", None)  # then monkeypatch puts back the module there was before

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,11 +14,10 @@ import torch
 from pe_bench.api import attention, position_scheme
 from pe_bench.errors import UserError
 from pe_bench.model.gpt import GPT, ModelConfig, model_with_scheme, seeded_scheme
-from pe_bench.positions import base, build_scheme, registered, scheme_class
-from tests.helpers import ROOT, tiny_model
+from pe_bench.positions import build_scheme, registered, scheme_class
+from tests.helpers import tiny_model
 from tests.plugins import input_gate  # noqa: F401  (registers input_gate: the attend hook)
 
-EXAMPLE = ROOT / "examples" / "my_pe"
 SIZES = {"num_heads": 4, "head_dim": 8, "num_layers": 2, "train_len": 16}
 
 
@@ -83,10 +81,7 @@ def test_attention_equals_the_models_for_every_registered_scheme(name, train):
     assert_api_equals_the_model(tiny_model(name), train)
 
 
-def test_a_plugin_scheme_is_built_by_name_and_attends_as_in_the_model(monkeypatch):
-    monkeypatch.syspath_prepend(str(EXAMPLE))
-    monkeypatch.setattr(base, "_REGISTRY", {k: v for k, v in base._REGISTRY.items()})
-    monkeypatch.delitem(sys.modules, "my_pe", raising=False)
+def test_a_plugin_scheme_is_built_by_name_and_attends_as_in_the_model(example_plugin):
     pe = position_scheme("my_pe", plugin="my_pe", init_scale=4.0, **SIZES)
     assert type(pe).__name__ == "LearnedSlopes" and "my_pe" in registered()
     model = model_with_scheme(ModelConfig(d_model=32, num_layers=2, num_heads=4), pe, seed=0)

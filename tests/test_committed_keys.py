@@ -33,10 +33,10 @@ def migrate_keys():
 
 
 @pytest.mark.slow  # 10 s: a plan for each of the ~200 committed job folders
-def test_every_committed_record_is_fresh_for_todays_code(monkeypatch):
+def test_every_committed_record_is_fresh_for_todays_code(example_plugin):
     """A run of any committed job folder would find all its records (none is stale): each
-    carries the key today's code gives its config, the scheme's and each variant's."""
-    monkeypatch.syspath_prepend(str(ROOT / "examples" / "my_pe"))  # the placed plugin
+    carries the key today's code gives its config, the scheme's and each variant's (the
+    placed plugin's, results/quick_place_my_pe, imported from examples/my_pe)."""
     folder_of = migrate_keys().Folder
     stale = []
     for path in sorted(RESULTS.glob("**/records.jsonl")):

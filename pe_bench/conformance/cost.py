@@ -64,6 +64,29 @@ def autocast(device: torch.device) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
+def matmul_params(model: torch.nn.Module) -> int:
+    """Parameters that do matmul work per token: all but those only in embedding tables (a
+    head tied to the token embedding does the work, so its weight counts)."""
+    work = {}
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding) and module.embedding_dim != 1:
+            continue
+        work |= {id(p): p for p in module.parameters(recurse=False)}
+    return sum(p.numel() for p in work.values())
+
+
+def train_flops_per_token(params: int, num_layers: int, d_model: int, seq_len: int) -> int:
+    """FLOPs of a trained token (PaLM, appendix B): 6 N + 12 n_layers d_model s, N the
+    ``matmul_params``; the attention term counts every key, as a kernel without causal
+    skipping does."""
+    return 6 * params + 12 * num_layers * d_model * seq_len
+
+
+def eval_flops_per_token(params: int, num_layers: int, d_model: int, seq_len: int) -> int:
+    """FLOPs of a scored token: the forward third of ``train_flops_per_token``."""
+    return 2 * params + 4 * num_layers * d_model * seq_len
+
+
 def train_step(model: GPT, batch: int, seq_len: int, device: torch.device) -> Callable[[], None]:
     """One training step as ``run.train`` takes it (AdamW, clipping, bf16 autocast on a GPU)
     on fixed random bytes."""

@@ -27,54 +27,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from pe_bench.config import Range, from_node
-from pe_bench.data.tasks import TaskData, build_task, load_task
-from pe_bench.data.tokenizer import BPE, BYTE, ByteTokenizer, Tokenizer, build_tokenizer, check_spec
+from pe_bench.data.config import HF_SPLITS, SPLITS, DataConfig
+from pe_bench.data.tasks import TaskData, load_task
+from pe_bench.data.tokenizer import BPE, BYTE, ByteTokenizer, Tokenizer, build_tokenizer
 from pe_bench.errors import UserError
 
 log = logging.getLogger(__name__)
 
 VOCAB_SIZE = 256  # the byte tokenizer's symbols: every source's corpus has these
-SPLITS = ("train", "valid", "test")
-SOURCES = ("stdlib", "text", "hf", "task")
-HF_SPLITS = {"train": "train", "valid": "validation", "test": "test"}  # data.splits default
 STDLIB_SKIP = {"test", "tests", "idle_test", "site-packages", "__pycache__"}
-SPLIT_MODES = ("auto", "document", "bytes")
-FRACTION = Range(gt=0, lt=1)  # of the data in the valid or the test split: neither is empty
-
-
-@dataclass
-class DataConfig:
-    """Every key a ``data`` config may have (conf/data/*.yaml; each source reads its own), with
-    its type and range: ``check_config`` refuses the rest before any data is read."""
-
-    source: str = "stdlib"
-    path: str | None = None  # text: a file or folder
-    glob: str = "**/*.txt"  # text: which files of a folder
-    split: str = "auto"  # stdlib, text: document, bytes or auto
-    min_documents: Annotated[int, Range(ge=1)] = 20  # auto: documents if at least this many
-    valid_frac: Annotated[float, FRACTION] = 0.05
-    test_frac: Annotated[float, FRACTION] = 0.05
-    name: str | None = None  # hf: the dataset
-    config: str | None = None  # hf: its configuration
-    data_files: Any = None  # hf: passed to datasets.load_dataset as it is
-    kwargs: dict[str, Any] | None = None  # hf: more keyword arguments for load_dataset
-    text_field: str = "text"  # hf: the column with the text
-    splits: dict[str, Any] | None = None  # hf: our split -> the dataset's
-    task: str | None = None  # task: a name in pe_bench.data.tasks.TASKS, e.g. flip_flop
-    alphabet: Annotated[int, Range(ge=2, le=240)] = 64  # task: symbols of copy and reverse
-    ignore_prob: Annotated[float, Range(ge=0, lt=1)] = 0.8  # task: flip-flop's p_i
-    num_kv_pairs: Annotated[int, Range(ge=1, le=64)] = 4  # task: assoc_recall's pairs
-    power_a: Annotated[float, Range(gt=0, le=1)] = 0.01  # task: assoc_recall's gap law
-    eval_instances: Annotated[int, Range(ge=1)] = 128  # task: instances scored per length
-    tokenizer: str = BYTE  # byte, bpe or hf:<name or folder> (pe_bench.data.tokenizer)
-    # bpe: symbols to train, > 256 (tokenizer.check_spec says why; byte and hf: have their own)
-    vocab_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -108,12 +74,14 @@ class Corpus:
         return inputs, stream[1 : n + 1].long().view(n_windows, seq_len)
 
 
-def load_corpus(cfg: Mapping[str, Any]) -> Corpus | TaskData:
-    """Load the corpus (or task) a ``data`` config describes, as ``check_config`` passed it
-    (``run.config.RunConfig.parse`` checks it once); cached per config in a process."""
-    if cfg.get("source") == "task":
-        return load_task(cfg)
-    return _load_cached(json.dumps(dict(cfg), sort_keys=True, default=str))
+def load_corpus(cfg: DataConfig | Mapping[str, Any]) -> Corpus | TaskData:
+    """Load the corpus (or task) a ``data`` config describes (typed: ``DataConfig``, as
+    ``run.config.RunConfig.parse`` typed it; or a mapping, typed here); cached per config in a
+    process."""
+    data = cfg if isinstance(cfg, DataConfig) else DataConfig.parse(cfg)
+    if data.source == "task":
+        return load_task(data.task_config())
+    return _load_cached(json.dumps(data.as_dict(), sort_keys=True, default=str))
 
 
 def identity_keys(cfg: Mapping[str, Any]) -> list[str]:
@@ -126,47 +94,6 @@ def identity_keys(cfg: Mapping[str, Any]) -> list[str]:
         {"tokenizer", "vocab_size"} if spec == BYTE else set() if spec == BPE else {"vocab_size"}
     )
     return [str(key) for key in cfg if key not in unused]
-
-
-def check_config(cfg: Mapping[str, Any]) -> None:
-    """Refuse a ``data`` config that cannot load, without reading any data (so a sweep stops
-    before training, and configs of remote datasets can be checked offline)."""
-    if not isinstance(cfg, Mapping):
-        raise UserError(f"data={cfg!r} must be a data config; pick one with data=stdlib|text|hf")
-    source = cfg.get("source")
-    if source not in SOURCES:
-        raise UserError(f"unknown data.source {source!r}; allowed: {', '.join(SOURCES)}")
-    missing = "???"  # OmegaConf's mandatory value that nobody set
-    if source == "text" and cfg.get("path") in (None, "", missing):
-        raise UserError("data=text needs data.path=<file or folder>")
-    if source == "hf" and cfg.get("name") in (None, "", missing):
-        raise UserError("data=hf needs data.name=<dataset>, e.g. Salesforce/wikitext")
-    data = from_node(DataConfig, cfg, "data")
-    check_spec(data.tokenizer, data.vocab_size)
-    if source == "task":
-        if data.tokenizer != BYTE:
-            raise UserError(
-                f"data.tokenizer={data.tokenizer!r}: a synthetic task has its own symbols; "
-                f"allowed with data=task: {BYTE}"
-            )
-        build_task(cfg)  # an unknown task name is refused here
-    if source == "text" and not Path(str(data.path)).expanduser().exists():
-        raise UserError(f"data.path={data.path!r} does not exist")
-    if data.split not in SPLIT_MODES:
-        raise UserError(f"data.split={data.split!r} is not one of {', '.join(SPLIT_MODES)}")
-    if data.valid_frac + data.test_frac >= 1:
-        raise UserError(
-            f"data.valid_frac + data.test_frac must be < 1 (the rest is the train split), got "
-            f"{data.valid_frac:g} + {data.test_frac:g}"
-        )
-    if source == "hf":
-        names = data.splits or HF_SPLITS
-        missing_splits = [split for split in SPLITS if not names.get(split)]
-        if missing_splits:
-            raise UserError(
-                f"data.splits lacks {', '.join(missing_splits)}: name the dataset's split for "
-                f"each of {', '.join(SPLITS)}, e.g. data.splits.valid=validation"
-            )
 
 
 @lru_cache(maxsize=4)

@@ -36,14 +36,16 @@ import functools
 import hashlib
 import inspect
 import json
+import typing
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import torch
 from torch import Tensor
 
+from pe_bench.config import Range, check_value
 from pe_bench.errors import UserError
 
 IGNORE = -100  # F.cross_entropy's ignore_index: targets outside the answer
@@ -101,13 +103,16 @@ class Task(ABC):
     ends_with_eos: ClassVar[bool] = False
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> Task:
-        """The task with the options its constructor names (``alphabet``, ``ignore_prob``,
-        ``num_kv_pairs``, ``power_a``) taken from a ``data=task`` config, which
-        ``data.DataConfig`` has checked."""
+    def options(cls) -> dict[str, Option]:
+        """The task's options: its constructor's keyword-only parameters, each with its type
+        hint (``Annotated[int, Range(...)]`` for a range) and default. A new option is one more
+        parameter: the data config accepts and checks it, and it keys the task's data
+        (``task_key``)."""
+        hints = typing.get_type_hints(cls.__init__, include_extras=True)
         params = inspect.signature(cls.__init__).parameters.values()
-        names = [p.name for p in params if p.kind is p.KEYWORD_ONLY]
-        return cls(**{name: cfg[name] for name in names if cfg.get(name) is not None})
+        return {
+            p.name: Option(hints[p.name], p.default) for p in params if p.kind is p.KEYWORD_ONLY
+        }
 
     @abstractmethod
     def make(self, length: int, g: torch.Generator) -> Instance: ...
@@ -120,10 +125,30 @@ class Task(ABC):
             )
 
 
+@dataclass(frozen=True)
+class Option:
+    """A task option: its type hint (with its range) and its default."""
+
+    hint: Any
+    default: Any
+
+
+TASKS: dict[str, type[Task]] = {}  # data.task -> its class, in the order they were registered
+
+
+def register_task(cls: type[Task]) -> type[Task]:
+    """Register task ``cls`` under its ``name`` (``data.task=<name>``)."""
+    if cls.name in TASKS:
+        raise ValueError(f"task name {cls.name!r} is registered already by {TASKS[cls.name]}")
+    TASKS[cls.name] = cls
+    return cls
+
+
 def _randint(high: int, n: int, g: torch.Generator) -> list[int]:
     return torch.randint(0, high, (n,), generator=g).tolist()
 
 
+@register_task
 class Copy(Task):
     """Copy (Kazemnejad et al. 2023's *Copy*; Ruoss et al. 2023's *duplicate string*).
 
@@ -136,7 +161,7 @@ class Copy(Task):
     name, min_length = "copy", 4
     ends_with_eos = True  # reverse inherits it
 
-    def __init__(self, *, alphabet: int = 64) -> None:
+    def __init__(self, *, alphabet: Annotated[int, Range(ge=2, le=240)] = 64) -> None:
         self.alphabet = alphabet
 
     def body(self, x: list[int]) -> list[int]:
@@ -149,6 +174,7 @@ class Copy(Task):
         return Instance.sequence(tokens, [False] * (n + 2) + [True] * (n + 1))
 
 
+@register_task
 class Reverse(Copy):
     """Reverse (Kazemnejad et al. 2023's *Reverse*; Ruoss et al. 2023's *reverse string*).
 
@@ -161,6 +187,7 @@ class Reverse(Copy):
         return x[::-1]
 
 
+@register_task
 class AssocRecall(Task):
     """Multi-query associative recall (MQAR) as Zoology generates it (Arora et al. 2023,
     https://arxiv.org/abs/2312.04927; HazyResearch/zoology ``multiquery_ar``).
@@ -180,7 +207,12 @@ class AssocRecall(Task):
 
     name, headline = "assoc_recall", "token_acc"  # Zoology scores the share of queries right
 
-    def __init__(self, *, num_kv_pairs: int = 4, power_a: float = 0.01) -> None:
+    def __init__(
+        self,
+        *,
+        num_kv_pairs: Annotated[int, Range(ge=1, le=64)] = 4,
+        power_a: Annotated[float, Range(gt=0, le=1)] = 0.01,  # Zoology's gap law (1: uniform)
+    ) -> None:
         self.pairs, self.power_a = num_kv_pairs, power_a
         self.min_length = 4 * num_kv_pairs + 1
 
@@ -218,6 +250,7 @@ def _power_law(slots: int, power_a: float) -> Tensor:
     return weights / weights.sum()
 
 
+@register_task
 class FlipFlop(Task):
     """Flip-flop language modelling (Liu et al. 2023, https://arxiv.org/abs/2306.00946), FFL(p).
 
@@ -231,7 +264,7 @@ class FlipFlop(Task):
 
     name, min_length, headline = "flip_flop", 4, "token_acc"
 
-    def __init__(self, *, ignore_prob: float = 0.8) -> None:
+    def __init__(self, *, ignore_prob: Annotated[float, Range(ge=0, lt=1)] = 0.8) -> None:
         self.ignore_prob = ignore_prob
 
     def make(self, length: int, g: torch.Generator) -> Instance:
@@ -258,6 +291,7 @@ class FlipFlop(Task):
         return WRITE if u < half else READ if u < 2 * half else IGNORE_OP
 
 
+@register_task
 class Addition(Task):
     """Addition (Kazemnejad et al. 2023's *Addition*, after Nye et al. 2021; no scratchpad),
     operand lengths mixed as McGill-NLP/length-generalization's ``make_addition_dataset.py``
@@ -298,9 +332,6 @@ class Addition(Task):
         """A uniform ``n``-digit number: its first digit 1-9 (0-9 for one digit), then 0-9."""
         first = _randint(10 if n == 1 else 9, 1, g)[0] + (n > 1)
         return int("".join(map(str, [first, *_randint(10, n - 1, g)])))
-
-
-TASKS: dict[str, type[Task]] = {t.name: t for t in (Copy, Reverse, AssocRecall, FlipFlop, Addition)}
 
 
 @dataclass(frozen=True)
@@ -352,18 +383,44 @@ def batch(instances: list[Instance], seq_len: int) -> tuple[Tensor, Tensor]:
     return x, y
 
 
+def task_options() -> dict[str, Option]:
+    """Every registered task's options (``Task.options``), by name: a ``data=task`` config holds
+    them all (conf/data/task.yaml), whichever task it picks."""
+    found: dict[str, Option] = {}
+    for cls in TASKS.values():
+        found.update({k: v for k, v in cls.options().items() if k not in found})
+    return found
+
+
+def check_task_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The value of every task option (``task_options``) in ``cfg``, checked against its type
+    and range (``data.<option>`` named in the error), its default where ``cfg`` has none."""
+    return {
+        name: option.default
+        if cfg.get(name) is None
+        else check_value(cfg[name], option.hint, f"data.{name}")
+        for name, option in task_options().items()
+    }
+
+
 def build_task(cfg: Mapping[str, Any]) -> Task:
-    """The task a ``data=task`` config names, with its options."""
+    """The task ``cfg["task"]`` names, with its options from ``cfg`` (checked)."""
     name = cfg.get("task")
     if name not in TASKS:
         raise UserError(f"data.task={name!r} is not a task; allowed: {', '.join(TASKS)}")
-    return TASKS[name].from_config(cfg)
+    options = check_task_options(cfg)
+    return TASKS[name](**{k: options[k] for k in TASKS[name].options()})
+
+
+def task_key(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What keys a task's data (``TaskData.sha``): its name, the generators' version and every
+    task option's value (``task_options``, each task's constructor: an option added to a task
+    is keyed without a list to edit; every task's key holds them all, as its config does)."""
+    return {"task": cfg["task"], **check_task_options(cfg), "version": GENERATOR_VERSION}
 
 
 def load_task(cfg: Mapping[str, Any]) -> TaskData:
-    """The ``TaskData`` of a ``data=task`` config."""
+    """The ``TaskData`` of a ``data=task`` config (``task`` and the task options)."""
     task = build_task(cfg)
-    options = ("task", "alphabet", "ignore_prob", "num_kv_pairs", "power_a")
-    settings = {k: cfg.get(k) for k in options}
-    text = json.dumps({**settings, "version": GENERATOR_VERSION}, sort_keys=True)
+    text = json.dumps(task_key(cfg), sort_keys=True)
     return TaskData(task, f"task:{task.name}", hashlib.sha256(text.encode()).hexdigest())

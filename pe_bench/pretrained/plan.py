@@ -145,7 +145,7 @@ class PretrainedPlan:
 
 def plan_pretrained(cfg: RunConfig) -> PretrainedPlan:
     """The pretrained model's plan: refuses what cannot be served before any weights load."""
-    if cfg.data.get("source") == "task":
+    if cfg.data.source == "task":
         raise UserError("model=hf evaluates text; allowed data: stdlib, text, hf")
     if cfg.eval.probes:
         log.info("eval.probes (%s): not run on a pretrained model", ", ".join(cfg.eval.probes))

@@ -154,6 +154,8 @@ class Report:
     records: pd.DataFrame = field(default_factory=pd.DataFrame)  # every checked record
     latex: list[Path] = field(default_factory=list)  # the tables/*.tex it wrote
     tasks: list[str] = field(default_factory=list)  # a synthetic-task report's tasks
+    # the truncate mode's loss by position with intervals (protocols.truncate_positions)
+    positions: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def load_rows(root: Path, name: str) -> pd.DataFrame:

@@ -219,6 +219,7 @@ def figures_markdown(report: Report, out: Path) -> list[str]:
         "length": f"{title} vs evaluation length",
         "ratio": f"{title} relative to L = {report.options.baseline}",
         "positions": "Loss by position inside the window",
+        "truncate": "Loss by position in documents truncated to the window (papers' protocol)",
         "curves": "Training curves",
     }
     lines = ["## Figures", ""]

@@ -18,7 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from pe_bench.config import Range, check_fields, config_hash, from_node, to_dict
-from pe_bench.data.corpus import check_config, identity_keys
+from pe_bench.data.config import DataConfig
+from pe_bench.data.corpus import identity_keys
 from pe_bench.errors import UserError
 from pe_bench.model.gpt import ModelConfig
 from pe_bench.run.evaluate import EvalConfig
@@ -142,7 +143,7 @@ class RunConfig:
     train: TrainConfig
     eval: EvalConfig
     pe: dict[str, Any]
-    data: dict[str, Any]  # checked (``data.corpus.check_config``); each source reads its keys
+    data: DataConfig
     finetunes: dict[str, FinetuneConfig]
     resolved: dict[str, Any]  # the whole config as plain values
     yaml: str  # what config.yaml in the job folder holds
@@ -163,14 +164,12 @@ class RunConfig:
         resolved = resolved_dict(cfg)
         pretrained = OmegaConf.select(cfg, "model.source", default=None) == PRETRAINED
         model_type = PretrainedConfig if pretrained else ModelConfig
-        data = resolved.get("data")
-        check_config(data)
         return cls(
             model=from_node(model_type, resolved.get("model"), "model"),
             train=from_node(TrainConfig, resolved.get("train"), "train"),
             eval=from_node(EvalConfig, resolved.get("eval"), "eval"),
             pe=_scheme_config(resolved.get("pe")),
-            data=data,
+            data=DataConfig.parse(resolved.get("data")),
             finetunes=_finetunes(resolved.get("finetunes")),
             resolved=resolved,
             yaml=OmegaConf.to_yaml(cfg, resolve=True),

@@ -25,6 +25,7 @@ from omegaconf import DictConfig
 from pe_bench.config import config_hash
 from pe_bench.data.corpus import VOCAB_SIZE
 from pe_bench.data.tasks import build_task
+from pe_bench.data.tokenizer import BPE, BYTE
 from pe_bench.errors import UserError
 from pe_bench.model.gpt import GPT, ModelConfig, check_attention, model_with_scheme, seeded_scheme
 from pe_bench.positions import (
@@ -152,7 +153,7 @@ def plan(cfg: DictConfig | RunConfig) -> Plan:
     ]
     modes = _modes(run_cfg, lengths)
     if modes == [TASK_MODE]:  # a synthetic task scores instances, the same number per length
-        n_targets = int(run_cfg.data["eval_instances"])
+        n_targets = run_cfg.data.eval_instances
     else:
         n_targets = run_cfg.eval.n_targets(lengths)
     tasks = with_probes(
@@ -181,9 +182,9 @@ def _modes(cfg: RunConfig, lengths: list[int]) -> list[str]:
             "eval.modes: truncate (documents truncated to the window, the papers' protocol) is "
             "for model=hf; allowed here: nonoverlap (every position of windows back to back)"
         )
-    if cfg.data.get("source") != "task":
+    if cfg.data.source != "task":
         return cfg.eval.modes
-    task = build_task(cfg.data)
+    task = build_task(cfg.data.task_config())
     task.check_length(cfg.train.seq_len, "train.seq_len")
     task.check_length(min(lengths), "the shortest eval length")
     return [TASK_MODE]
@@ -192,7 +193,7 @@ def _modes(cfg: RunConfig, lengths: list[int]) -> list[str]:
 def _check_inputs(cfg: RunConfig) -> torch.device:
     """Check what the typed configs cannot check alone (data, vocabulary, device, memory,
     logger); returns the device the run trains on."""
-    byte = cfg.data.get("tokenizer", "byte") == "byte"  # others: checked once loaded
+    byte = cfg.data.tokenizer == BYTE  # others: checked once loaded
     if byte and cfg.model.vocab_size < VOCAB_SIZE:
         raise UserError(
             f"model.vocab_size={cfg.model.vocab_size} is smaller than the corpus's "
@@ -201,9 +202,9 @@ def _check_inputs(cfg: RunConfig) -> torch.device:
     device = resolve_device(cfg.train.device)
     check_attention(cfg.model, device)
     model, vocab = cfg.model, "model.vocab_size"  # a BPE's logits are up to data.vocab_size wide
-    if cfg.data.get("tokenizer") == "bpe" and (cfg.data.get("vocab_size") or 0) > model.vocab_size:
+    if cfg.data.tokenizer == BPE and (cfg.data.vocab_size or 0) > model.vocab_size:
         model, vocab = (
-            dataclasses.replace(model, vocab_size=cfg.data["vocab_size"]),
+            dataclasses.replace(model, vocab_size=cfg.data.vocab_size),
             "data.vocab_size",
         )
     check_step_memory(cfg.train, model, device, "train", vocab)

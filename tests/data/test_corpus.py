@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pe_bench.data.config import DataConfig
 from pe_bench.data.corpus import (
     _load_cached,
-    check_config,
     eval_stream,
     load_corpus,
     sample_batch,
@@ -81,7 +81,7 @@ def test_missing_and_empty_paths(tmp_path):
     """A config that cannot load is refused when checked (once, as the run's config is
     parsed); a folder that turns out empty, when read."""
     with pytest.raises(UserError, match=r"data.path='/no/such/dir' does not exist"):
-        check_config({"source": "text", "path": "/no/such/dir"})
+        DataConfig.parse({"source": "text", "path": "/no/such/dir"})
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="has no files matching"):
         load_corpus({"source": "text", "path": str(tmp_path / "empty")})
@@ -89,7 +89,7 @@ def test_missing_and_empty_paths(tmp_path):
     with pytest.raises(UserError, match="every file is empty"):
         load_corpus({"source": "text", "path": str(tmp_path / "blank.txt")})
     with pytest.raises(UserError, match="unknown data.source 'web'"):
-        check_config({"source": "web"})
+        DataConfig.parse({"source": "web"})
 
 
 def test_corpus_too_small_for_eval_tokens(tmp_path):

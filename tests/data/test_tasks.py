@@ -4,12 +4,17 @@ test_tasks.py holds the task report)."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import pandas as pd
 import pytest
 import torch
 from torch import nn
 
 from pe_bench.cli import bench
+from pe_bench.config import Range
+from pe_bench.data import tasks
+from pe_bench.data.config import DataConfig
 from pe_bench.data.tasks import (
     BIT0,
     BOS,
@@ -31,6 +36,8 @@ from pe_bench.data.tasks import (
     batch,
     build_task,
     load_task,
+    task_key,
+    task_options,
 )
 from pe_bench.errors import UserError
 from pe_bench.report.build import build_report
@@ -291,3 +298,63 @@ def test_kazemnejad_splits_pool_every_test_length_the_paper_pools(split, train, 
 
     assert lengths[0] == cfg.train.seq_len and size(cfg.train.seq_len) == train
     assert [size(n) for n in lengths[1:]] == list(test)
+
+
+# corpus_sha of the committed task records (results/tasks_quick, mqar_cpu and
+# kazemnejad_paper_mini): the key of each task's data under conf/data/task.yaml's options
+COMMITTED_SHAS = {
+    "copy": "cf72661356b53ba4e8db3b0c906eb7a0d41b4a27584d563c4551765144a134ca",
+    "reverse": "47dd4405fb7ce6f14d6740c293c2f2e61614b82bb46673af62b5f08823db123f",
+    "flip_flop": "3a4f6c8555b6856891c115cd4a631e69e88fb2203d0d0732b6216546d5f9dbc6",
+    "assoc_recall": "670549e9a3df3b6f2005e14873387d26edaa900ca36906e1270f903b9f33e39b",
+    "addition": "09ab147bc2cce70d05d9d2a44e89dd723bf447e1eeb7b413d2841560d8101be8",
+}
+
+
+@pytest.mark.parametrize("name", sorted(COMMITTED_SHAS))
+def test_the_committed_task_keys_are_unchanged(name):
+    data = DataConfig.parse(compose("data=task", f"data.task={name}").data)
+    assert load_task(data.task_config()).sha == COMMITTED_SHAS[name]
+
+
+CHANGED = {"alphabet": 10, "ignore_prob": 0.5, "num_kv_pairs": 8, "power_a": 1.0}
+
+
+@pytest.mark.parametrize("option", sorted(CHANGED))
+def test_a_changed_task_option_changes_the_key(option):
+    assert set(CHANGED) == set(task_options())  # every option is tried
+    base = {"task": "copy"}
+    assert load_task({**base, option: CHANGED[option]}).sha != load_task(base).sha
+
+
+class Stutter(Copy):
+    """Copy with each symbol of the answer written ``repeat`` times: a task with one option
+    more than copy, declared as its constructor's parameter and nowhere else."""
+
+    name = "stutter"
+
+    def __init__(
+        self,
+        *,
+        alphabet: Annotated[int, Range(ge=2, le=240)] = 64,
+        repeat: Annotated[int, Range(ge=1, le=4)] = 1,
+    ) -> None:
+        super().__init__(alphabet=alphabet)
+        self.repeat = repeat
+
+    def body(self, x: list[int]) -> list[int]:
+        return [s for s in x for _ in range(self.repeat)]
+
+
+def test_an_option_added_to_a_task_is_typed_checked_and_keyed(monkeypatch):
+    monkeypatch.setattr(tasks, "TASKS", dict(tasks.TASKS))
+    tasks.register_task(Stutter)
+    config = {"source": "task", "task": "stutter", "repeat": 3}
+    data = DataConfig.parse(config)
+    assert data.task_options["repeat"] == 3 and build_task(data.task_config()).repeat == 3
+    assert task_key(data.task_config())["repeat"] == 3
+    keys = {repeat: load_task({"task": "stutter", "repeat": repeat}).sha for repeat in (1, 2)}
+    assert keys[1] != keys[2]
+    assert load_task({"task": "stutter"}).sha == keys[1]  # its default, as given
+    with pytest.raises(UserError, match=r"data.repeat must be >= 1 and <= 4, got 9"):
+        DataConfig.parse({**config, "repeat": 9})

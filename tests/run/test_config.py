@@ -8,7 +8,8 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from pe_bench.config import Range, check_value, from_node
-from pe_bench.data.corpus import check_config, load_corpus
+from pe_bench.data.config import DataConfig
+from pe_bench.data.corpus import load_corpus
 from pe_bench.errors import UserError
 from pe_bench.positions import scheme_class
 from pe_bench.run.config import RunConfig
@@ -55,7 +56,7 @@ def test_every_experiment_composes_and_builds(experiment):
         planned = plan(job)
         assert planned.scheme.name == scheme and planned.tasks
         assert {ft.key for ft in planned.finetunes} <= set(job.get("finetunes") or {})
-        check_config(job.data)
+        DataConfig.parse(job.data)
     if cfg.data.source == "stdlib":
         load_corpus(cfg.data)
 
@@ -99,15 +100,6 @@ def test_a_variant_at_another_base_than_the_trained_rope_is_refused():
         r"model's pe.base=500000: a variant evaluates the trained model",
     ):
         plan(cfg)
-
-
-def test_a_bad_data_config_is_refused_before_loading():
-    with pytest.raises(UserError, match="data=hf needs data.name=<dataset>"):
-        check_config({"source": "hf", "name": None})
-    with pytest.raises(UserError, match="data.splits lacks test"):
-        check_config({"source": "hf", "name": "x", "splits": {"train": "a", "valid": "b"}})
-    with pytest.raises(UserError, match="unknown data.source 'ftp'; allowed: stdlib, text, hf"):
-        check_config({"source": "ftp"})
 
 
 def test_unknown_group_option_is_hydra_error():

@@ -42,6 +42,7 @@ from pe_bench.report.site.html import (
     section,
     table,
 )
+from pe_bench.report.site.positions import position_section
 from pe_bench.report.site.tasks import mrr_table, task_boards, task_sections
 from pe_bench.report.site.tasks import summary as task_summary
 from pe_bench.report.tasks import provenance as task_provenance
@@ -108,6 +109,7 @@ def perplexity_index(
                 "cost",
                 *(["passkey"] if passkey_present(report) else []),
                 *(["ruler"] if ruler_board(report) is not None else []),
+                *(["positions"] if not report.positions.empty else []),
                 "schemes",
                 "about",
             ]
@@ -127,7 +129,7 @@ def perplexity_index(
         cost_section(report, info),
     ]
     parts += retrieval_sections(report, info, boards_)
-    parts += [scheme_list(info), about(report, root)]
+    parts += [position_section(report.positions, train_len), scheme_list(info), about(report, root)]
     return "\n".join(parts), boards_
 
 

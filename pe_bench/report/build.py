@@ -360,8 +360,8 @@ def families(df: pd.DataFrame) -> dict[str, str]:
 
 
 def print_summary(report: Report, df: pd.DataFrame, note: str) -> None:
-    """The console tables (perplexity, bits per byte), the diverged runs, each comparison's
-    sentences and where report.md is."""
+    """The console tables (perplexity, bits per byte), the diverged runs and each
+    comparison's sentences (where the files are: ``Report.where``, said by the caller)."""
     if report.tokenizers:
         print(f"\n{report.tokenizers}")
     for metric in [
@@ -378,7 +378,6 @@ def print_summary(report: Report, df: pd.DataFrame, note: str) -> None:
         print(f"\nComparison with {comparison.published.cite()}:")
         for sentence in comparison.sentences():
             print(f"- {sentence}")
-    print(f"\nreport: {report.path}")
 
 
 def markdown_report(

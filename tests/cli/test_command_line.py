@@ -125,8 +125,14 @@ TRAIN_KEYS = "batch_size, beta1, beta2, ckpt_every, compile, device, grad_clip, 
 # Bad input that only the console script meets: Hydra refuses it while composing, before
 # ``run``, with many lines of its own; ``pe-bench`` says it in one.
 CONSOLE_BAD_INPUT = [
-    (["pe=roep"], f"pe=roep is not an option of pe; allowed: {PE_OPTIONS}"),
-    (["-m", "pe=rope,roep"], "pe=roep is not an option of pe; allowed: alibi,"),
+    (
+        ["pe=roep"],
+        f"pe=roep is not an option of pe (did you mean pe=rope?); allowed: {PE_OPTIONS}",
+    ),
+    (
+        ["-m", "pe=rope,roep"],
+        "pe=roep is not an option of pe (did you mean pe=rope?); allowed: alibi,",
+    ),
     (
         ["train.step=10"],
         f"unknown key train.step (did you mean train.steps?); allowed: {TRAIN_KEYS}",

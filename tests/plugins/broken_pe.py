@@ -232,3 +232,13 @@ class CalibratesItsParameter(PositionScheme):
         with torch.no_grad():
             self.scale.fill_(1.5)
         return "scale 1.5"
+
+
+@register("broken_nan")
+class AllNaN(PositionScheme):
+    """Claims ``relative = True``; its bias is NaN everywhere, so are the model's outputs."""
+
+    relative = True
+
+    def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        return torch.full((q_pos.shape[-1], k_pos.shape[-1]), float("nan"))

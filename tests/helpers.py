@@ -56,6 +56,8 @@ TRAINABLE = [
     "fope",
     "bipe",
     "cable",
+    "path",
+    "nope_temp",
 ]
 VARIANTS = [
     "pi",
@@ -160,6 +162,8 @@ NOT_RELATIVE = [
     "fope",
     "bipe",
     "cable",
+    "path",
+    "nope_temp",
 ]
 
 

@@ -34,13 +34,3 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         sys.exit(2)
-
-
-def interrupted(prog: str) -> NoReturn:
-    """End a command stopped with Ctrl-C in one line (not a KeyboardInterrupt traceback) and
-    status 130, as a shell reports SIGINT: runs resume, so it says how to go on."""
-    print(
-        f"{prog}: interrupted; finished runs are kept: run the same command again to resume",
-        file=sys.stderr,
-    )
-    sys.exit(130)

@@ -56,6 +56,7 @@ from pe_bench.report import (
     rungs,
 )
 from pe_bench.report.best import legend, score_marks, value_marks
+from pe_bench.report.comparison import comparison_latex, comparison_markdown
 from pe_bench.report.inputs import (
     Options,
     Report,
@@ -65,15 +66,12 @@ from pe_bench.report.inputs import (
     record_problem,
     report_lock,
     training_length,
-    written,
 )
 from pe_bench.report.markdown import SKIPPED_NOTE, caption, write_csv
 from pe_bench.report.metrics import spec
 from pe_bench.report.passkey import section as passkey_section
 from pe_bench.report.ruler import section as ruler_section
 from pe_bench.report.sections import (
-    comparison_latex,
-    comparison_markdown,
     diverged_markdown,
     diverged_note,
     figures_markdown,
@@ -375,8 +373,8 @@ def families(df: pd.DataFrame) -> dict[str, str]:
 
 
 def print_summary(report: Report, df: pd.DataFrame, note: str) -> None:
-    """The console tables (perplexity, bits per byte), the diverged runs, each comparison's
-    sentences and where report.md is."""
+    """The console tables (perplexity, bits per byte), the diverged runs and each
+    comparison's sentences (where the files are: ``Report.where``, said by the caller)."""
     if report.tokenizers:
         print(f"\n{report.tokenizers}")
     for metric in [
@@ -393,7 +391,6 @@ def print_summary(report: Report, df: pd.DataFrame, note: str) -> None:
         print(f"\nComparison with {comparison.published.cite()}:")
         for sentence in comparison.sentences():
             print(f"- {sentence}")
-    print(f"\n{written(report)}")
 
 
 def markdown_report(

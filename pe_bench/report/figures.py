@@ -8,6 +8,9 @@ labels always get the same style, whatever else a report holds.
 Figures are bare ``matplotlib.figure.Figure`` objects (no pyplot state, no display needed) and
 are saved without dates or software versions in their metadata, so that regenerating a report
 from the same records gives the same files.
+
+One module: the styles and the figures that draw with them change together (a style is chosen
+for the panels the figures make); the styles are the seam to split on next.
 """
 
 from __future__ import annotations

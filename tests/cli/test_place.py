@@ -185,19 +185,3 @@ def test_two_placements_at_once_both_end_with_the_report(tmp_path):
     assert not list(out.rglob("error.txt")) and not list(tmp_path.glob(".placed.copy-*"))
     lines = (out / "commands.txt").read_text().splitlines()
     assert len(lines) == len(set(lines)) == 3  # committed sweep, placement, placed sweep
-
-
-def test_ctrl_c_is_one_line_saying_how_to_resume(monkeypatch, capsys):
-    """Issue 41: Ctrl-C printed a 30-line KeyboardInterrupt traceback."""
-
-    def stopped(*args, **kwargs):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(place, "place", stopped)
-    with pytest.raises(SystemExit) as ended:
-        place.main(["rope"])
-    assert ended.value.code == 130
-    lines = capsys.readouterr().err.splitlines()
-    assert lines == [
-        "pe-bench-place: interrupted; finished runs are kept: run the same command again to resume"
-    ]

@@ -7,8 +7,6 @@ import sys
 
 import pytest
 
-from pe_bench.cli.report import main
-
 
 @pytest.mark.slow
 def test_report_on_a_folder_without_records(tmp_path):
@@ -24,14 +22,3 @@ def test_report_on_a_folder_without_records(tmp_path):
 
 # The paper experiments' CPU twins, shrunk to a toy model and a few steps: the same eval
 # lengths, protocol, fine-tunes and comparison as the committed runs.
-
-
-def test_help_says_what_the_command_writes_in_plain_words(capsys):
-    """Issue 41: the help was the module docstring's first line, cut mid-sentence, with its
-    RST backticks."""
-    with pytest.raises(SystemExit):
-        main(["--help"])
-    text = capsys.readouterr().out
-    assert "``" not in text
-    assert "Write the report of a folder of pe-bench records: report.md, tables/" in text
-    assert "examples:\n  pe-bench-report outputs/quick\n" in text

@@ -178,19 +178,6 @@ def test_seeds_give_confidence_intervals(tmp_path, capsys):
     assert "n = 3 seeds per cell" in capsys.readouterr().out
 
 
-def test_the_report_ends_with_where_its_files_are(tmp_path, capsys, monkeypatch):
-    """Issue 41: a run ended with a relative report path and named no figures or site."""
-    write_runs(tmp_path / "runs", three_seeds())
-    monkeypatch.chdir(tmp_path)
-    build_report(Path("runs"))
-    folder = (tmp_path / "runs").resolve()
-    end = capsys.readouterr().out.splitlines()[-4:]
-    assert end[0] == f"report: {folder / 'report.md'}"
-    assert end[1].startswith(f"figures: {folder / 'figures'} (") and "ppl_vs_length" in end[1]
-    assert end[2] == f"tables: {folder / 'tables'} (csv, md, tex)"
-    assert end[3] == f"a leaderboard site: pe-bench-report {folder} --site DIR"
-
-
 @pytest.mark.slow
 def test_diverged_runs_are_shown(tmp_path):
     rows = [

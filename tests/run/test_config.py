@@ -139,16 +139,3 @@ def test_ranges_are_checked_where_the_config_enters():
         TrainConfig(beta1=1.0)  # built in Python: the same checker
     assert Range(ge=0, lt=1).allows(0.5) and not Range(gt=0).allows(float("nan"))
     assert check_value(3, Annotated[float, Range(gt=0)], "x") == 3.0
-
-
-def test_eval_lengths_within_the_training_length_are_said_to_measure_no_extrapolation(
-    tiny_config, caplog
-):
-    """Issue 41: eval.lengths=[8,16] at train.seq_len=16 was accepted without a word."""
-    plan(tiny_config("eval.lengths=[8,16]"))
-    assert "eval.lengths [8, 16] are all within train.seq_len=16: this run measures no" in (
-        caplog.text
-    )
-    caplog.clear()
-    plan(tiny_config("eval.lengths=[16,32]"))
-    assert "no length extrapolation" not in caplog.text

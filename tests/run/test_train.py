@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import re
-
 import pytest
 import torch
 
@@ -109,20 +106,3 @@ def test_cuda_run_records_the_gpu(tmp_path, tiny_config):
 
     rows = bench.run(tiny_config("pe=alibi", "train.device=cuda"), tmp_path)
     assert {r["device"] for r in rows} == {"cuda"} and all(r["nll"] > 0 for r in rows)
-
-
-def test_training_without_a_terminal_logs_its_progress(caplog):
-    """Issue 41: with output to a file (tqdm silent), nothing was logged until the run ended."""
-    cfg = TrainConfig(seq_len=16, batch_size=4, steps=6, log_every=2, val_batches=1)
-    with caplog.at_level(logging.INFO, logger="pe_bench"):
-        fit(tiny_model("rope"), repetitive_corpus(), cfg, torch.device("cpu"), desc="rope")
-    lines = [r.getMessage() for r in caplog.records if ": step " in r.getMessage()]
-    assert [line.split(",")[0] for line in lines] == [
-        "rope: step 2/6",
-        "rope: step 4/6",
-        "rope: step 6/6",
-    ]
-    assert re.fullmatch(
-        r"rope: step 2/6, loss \d+\.\d{4}, \d+ tokens/s, about \d+\.\d min left", lines[0]
-    )
-    assert lines[-1].endswith("about 0.0 min left")

@@ -41,14 +41,21 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
-from pe_bench.conformance.cost import eval_pass, timed, train_step
+from pe_bench.conformance.cost import (
+    eval_flops_per_token,
+    eval_pass,
+    matmul_params,
+    timed,
+    train_flops_per_token,
+    train_step,
+)
 from pe_bench.errors import UserError
 from pe_bench.model.attention import attention_path
 from pe_bench.model.gpt import GPT, ModelConfig, build_model
 from pe_bench.records import atomic_write_text, provenance
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_throughput import matmul_peak, non_embedding_params
+from bench_throughput import matmul_peak
 
 EVAL_LENGTHS = (1024, 8192)
 
@@ -185,7 +192,7 @@ def rows_of(models: dict[str, GPT], steps: dict, best: dict, peak: float, args) 
     """One row per label: rates, ratios to rope, MFU, peak memory, counted FLOPs."""
     rows = []
     for label, model in models.items():
-        n, attn = non_embedding_params(model), model.cfg.num_layers * model.cfg.d_model
+        n, layers, width = matmul_params(model), model.cfg.num_layers, model.cfg.d_model
         draws = model.pe.eval_draws
         row = {"label": label, "path": attention_path(model.pe), "eval_draws": draws}
         for (owner, what), step in steps.items():
@@ -194,12 +201,12 @@ def rows_of(models: dict[str, GPT], steps: dict, best: dict, peak: float, args) 
             seconds, rope = best[(label, what)], best[("rope", what)]
             if what == "train":
                 tokens = args.batch * args.train_len * args.train_steps
-                flop = tokens * (6 * n + 12 * attn * args.train_len)
+                flop = tokens * train_flops_per_token(n, layers, width, args.train_len)
                 seconds, rope = seconds * args.train_steps, rope * args.train_steps
             else:
                 length = int(what.removeprefix("eval"))
                 tokens = max(1, args.eval_tokens // length) * length
-                flop = draws * tokens * (2 * n + 4 * attn * length)
+                flop = draws * tokens * eval_flops_per_token(n, layers, width, length)
                 row[f"{what}_gflop"] = counted_gflop(step)
             row[f"{what}_tok_s"] = tokens / seconds
             row[f"{what}_x_rope"] = seconds / rope

@@ -16,10 +16,18 @@ reruns it to completion and compares every file with the reference's:
 - no file more or less (a stray temporary file is a mismatch), except ``cli.log``, Hydra's log
   of every process that ran in the folder.
 
+``--sigint-trials`` interrupt the command as Ctrl-C does (SIGINT) instead, delays drawn the
+same way, and also require of each interrupted process one line saying so as its last, exit
+status 130 and no traceback. ``--plugin-trial`` runs a sweep of ``PLUGIN_SWEEP``'s jobs, one of
+whose schemes raises in training (``tests/plugins/hook_raises.py``), against the sweep of the
+other jobs alone: the failing job named once, exit status 1, no traceback on the console, the
+others' folders equal to the reference's and the report written.
+
 The phase a kill landed in is read from the killed process's own log. Writes a table and a
 summary with provenance to ``results/kill_anywhere/`` (atomically) and exits 1 on any mismatch.
 
-    OMP_NUM_THREADS=1 python experiments/kill_anywhere.py --trials 24 --seed 0
+    OMP_NUM_THREADS=1 python experiments/kill_anywhere.py --trials 24 --sigint-trials 12 \
+        --plugin-trial --seed 0
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,6 +84,14 @@ PHASES = [
     (r"^report: ", "ended"),
 ]
 OUT = Path(__file__).parents[1] / "results" / "kill_anywhere"
+ROOT = Path(__file__).parents[1]
+INTERRUPTED = 130  # pe-bench's exit status after Ctrl-C (pe_bench.cli.console)
+INTERRUPTED_LINE = "pe-bench: interrupted; rerun the same command to resume"
+# A sweep whose second job's scheme raises in training (the key's probe runs without
+# gradients, so the plan accepts it), against the sweep of the first alone.
+PLUGIN_JOBS = ["pe=nope", "+pe.plugin=tests.plugins.hook_raises", *COMMAND[1:11]]
+PLUGIN_SWEEP = ["-m", *PLUGIN_JOBS, "pe.name=nope,train_raises"]
+PLUGIN_REFERENCE = ["-m", *PLUGIN_JOBS, "pe.name=nope"]
 
 
 @dataclass
@@ -82,6 +99,7 @@ class Trial:
     number: int
     kills: list[tuple[float, str]] = field(default_factory=list)  # (delay s, phase)
     mismatches: list[str] = field(default_factory=list)
+    kind: str = "SIGKILL"
 
 
 @dataclass
@@ -94,10 +112,12 @@ class Summary:
         return [f"trial {t.number}: {m}" for t in self.trials for m in t.mismatches]
 
 
-def start(out_root: Path, log: Path) -> subprocess.Popen:
-    """``pe-bench COMMAND`` writing under ``out_root``, its output (unbuffered) to ``log``."""
+def start(out_root: Path, log: Path, command: list[str] = COMMAND) -> subprocess.Popen:
+    """``pe-bench COMMAND`` writing under ``out_root``, its output (unbuffered) to ``log``;
+    the repository on the path (the plugin trial's plugin is in tests/plugins/)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}
-    args = [sys.executable, "-m", "pe_bench.cli", *COMMAND, f"out_root={out_root}"]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    args = [sys.executable, "-m", "pe_bench.cli", *command, f"out_root={out_root}"]
     with open(log, "a") as f:
         return subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env)
 
@@ -125,19 +145,29 @@ def timeline(text: str, started: float, ended: float) -> list[tuple[str, float, 
     return [(name, a, b) for (name, a), (_, b) in itertools.pairwise(edges) if b > a]
 
 
-def run_and_kill(out_root: Path, log: Path, delay: float) -> str:
-    """Start the command, SIGKILL it after ``delay`` s; the phase it was in (from its log)."""
+def run_and_kill(
+    out_root: Path, log: Path, delay: float, sig: int = signal.SIGKILL
+) -> tuple[str, str]:
+    """Start the command, send it ``sig`` after ``delay`` s; the phase it was in (from its
+    log), and what was wrong with how it ended ('' if nothing): after SIGINT, its last line
+    must say it was interrupted, with status 130 and no traceback."""
     mark = log.stat().st_size if log.exists() else 0
     proc = start(out_root, log)
     try:
         proc.wait(timeout=delay)
-        return "ended before the kill"
+        return "ended before the kill", ""
     except subprocess.TimeoutExpired:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
+        os.kill(proc.pid, sig)
+        status = proc.wait()
     with open(log) as f:
         f.seek(mark)
-        return phase(f.read())
+        text = f.read()
+    wrong = ""
+    if sig == signal.SIGINT:
+        last = (text.strip().splitlines() or [""])[-1]
+        if status != INTERRUPTED or not last.startswith(INTERRUPTED_LINE) or "Traceback" in text:
+            wrong = f"exit {status}, last line {last[:120]!r}"
+    return phase(text), wrong
 
 
 def phase(text: str, default: str = "startup") -> str:
@@ -164,33 +194,74 @@ def compare(ref_root: Path, got_root: Path) -> list[str]:
     return compare_folders(ref, got, (str(got_root), str(ref_root)))
 
 
-def trial(number: int, ref_root: Path, work: Path, rng: random.Random, phases: list) -> Trial:
-    """Kill the command once (a third of the time twice), rerun it to the end, compare. The
-    first kill's delay is drawn across the reference run's duration, phase by phase: a phase
-    at random, then a moment in it (training takes a second of a run mostly spent importing
-    and drawing figures); a second kill's delay across the whole duration."""
-    out_root, log = work / f"trial-{number:02d}", work / f"trial-{number:02d}.log"
-    result = Trial(number)
+def trial(
+    number: int,
+    ref_root: Path,
+    work: Path,
+    rng: random.Random,
+    phases: list,
+    sig: int = signal.SIGKILL,
+) -> Trial:
+    """Kill (or interrupt, ``sig``) the command once (a third of the time twice), rerun it to
+    the end, compare. The first kill's delay is drawn across the reference run's duration,
+    phase by phase: a phase at random, then a moment in it (training takes a second of a run
+    mostly spent importing and drawing figures); a second kill's delay across the whole
+    duration."""
+    kind = signal.Signals(sig).name
+    out_root, log = work / f"{kind}-{number:02d}", work / f"{kind}-{number:02d}.log"
+    result = Trial(number, kind=kind)
     _, low, high = rng.choice(phases)
     delays = [rng.uniform(low, high)]
     if rng.random() < 1 / 3:
         delays.append(rng.uniform(0, phases[-1][2]))
     for delay in delays:
-        result.kills.append((delay, run_and_kill(out_root, log, delay)))
+        where, wrong = run_and_kill(out_root, log, delay, sig)
+        result.kills.append((delay, where))
+        result.mismatches += [f"interrupted at {delay:.2f} s: {wrong}"] if wrong else []
     run_to_end(out_root, log)
-    result.mismatches = compare(ref_root, out_root)
+    result.mismatches += compare(ref_root, out_root)
     return result
 
 
-def run_trials(work: Path, trials: int, seed: int, echo: bool = False) -> Summary:
-    """The reference run, then ``trials`` kill trials under ``work``; what they found."""
+def plugin_trial(work: Path) -> Trial:
+    """The sweep with a job whose plugin raises in training, against the sweep without it."""
+    result = Trial(1, kind="plugin failure")
+    ref_root, got_root = work / "plugin-reference", work / "plugin-trial"
+    if start(ref_root, work / "plugin-reference.log", PLUGIN_REFERENCE).wait(timeout=600):
+        return Trial(1, mismatches=["the reference sweep failed"], kind=result.kind)
+    log = work / "plugin-trial.log"
+    status = start(got_root, log, PLUGIN_SWEEP).wait(timeout=600)
+    text = log.read_text()
+    failed = [line for line in text.splitlines() if "failed: " in line]
+    if status != 1 or len(failed) != 1 or "RuntimeError" not in failed[0] or "Traceback" in text:
+        result.mismatches.append(f"exit {status}, {len(failed)} failed lines")
+    if not (got_root / "default" / "report.md").exists():
+        result.mismatches.append("no report")
+    for ref in (ref_root / "default").iterdir():
+        if ref.is_dir():
+            renamed = (str(got_root), str(ref_root))
+            result.mismatches += compare_folders(ref, got_root / "default" / ref.name, renamed)
+    result.kills.append((0.0, failed[0].split("failed: ", 1)[1][:80] if failed else "none"))
+    return result
+
+
+def run_trials(
+    work: Path, trials: int, seed: int, echo: bool = False, sigint: int = 0, plugin: bool = False
+) -> Summary:
+    """The reference run, then ``trials`` SIGKILL trials, ``sigint`` SIGINT trials and, with
+    ``plugin``, the plugin trial under ``work``; what they found."""
     ref_root, ref_log = work / "reference", work / "reference.log"
     started = run_to_end(ref_root, ref_log)
     phases = timeline(ref_log.read_text(), started, time.time())
     rng = random.Random(seed)
     summary = Summary(phases[-1][2], [])
-    for number in range(1, trials + 1):
-        summary.trials.append(trial(number, ref_root, work, rng, phases))
+    kinds = [signal.SIGKILL] * trials + [signal.SIGINT] * sigint
+    for number, sig in enumerate(kinds, 1):
+        summary.trials.append(trial(number, ref_root, work, rng, phases, sig))
+        if echo:
+            print(row(summary.trials[-1]), flush=True)
+    if plugin:
+        summary.trials.append(plugin_trial(work))
         if echo:
             print(row(summary.trials[-1]), flush=True)
     return summary
@@ -198,8 +269,10 @@ def run_trials(work: Path, trials: int, seed: int, echo: bool = False) -> Summar
 
 def row(t: Trial) -> str:
     kills = "; ".join(f"{delay:.2f} s ({where})" for delay, where in t.kills)
+    if t.kind == "plugin failure":
+        kills = f"failed job named: {t.kills[0][1]}" if t.kills else ""
     verdict = "equal" if not t.mismatches else "MISMATCH: " + ", ".join(t.mismatches)
-    return f"| {t.number} | {kills} | {verdict} |"
+    return f"| {t.number} | {t.kind} | {kills} | {verdict} |"
 
 
 def markdown(summary: Summary, seed: int, elapsed: float) -> str:
@@ -210,6 +283,7 @@ def markdown(summary: Summary, seed: int, elapsed: float) -> str:
             phases[where] = phases.get(where, 0) + 1
     kills = sum(len(t.kills) for t in summary.trials)
     bad = [t for t in summary.trials if t.mismatches]
+    by_kind = Counter(t.kind for t in summary.trials)
     lines = [
         "# Kill-anywhere trials",
         "",
@@ -219,6 +293,11 @@ def markdown(summary: Summary, seed: int, elapsed: float) -> str:
         "",
         f"- result: **{len(summary.trials) - len(bad)} of {len(summary.trials)} trials equal**"
         f" to the uninterrupted run ({kills} kills; {len(summary.mismatches)} mismatches)",
+        "- trials by kind: " + ", ".join(f"{k} {n}" for k, n in by_kind.items()),
+        "- SIGINT (Ctrl-C): each interrupted process's last line says so, exit status 130, no"
+        " traceback; plugin failure: `pe-bench "
+        f"{shlex.join(PLUGIN_SWEEP)}` against the sweep without `train_raises`: the failed job"
+        " named once, exit 1, no traceback, the other job's folder equal, the report written",
         "- kills by phase: " + ", ".join(f"{k} {n}" for k, n in sorted(phases.items())),
         f"- reference run: {summary.duration:.1f} s; all trials: {elapsed / 60:.1f} min",
         f"- command: `pe-bench {shlex.join(COMMAND)} out_root=<trial folder>`",
@@ -226,8 +305,8 @@ def markdown(summary: Summary, seed: int, elapsed: float) -> str:
         f"- hardware: {device_name(torch.device('cpu'))}; torch {torch.__version__};"
         f" OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}",
         "",
-        "| trial | kills: delay after start (phase) | result |",
-        "|---:|:---|:---|",
+        "| trial | kind | kills: delay after start (phase) | result |",
+        "|---:|:---|:---|:---|",
         *(row(t) for t in summary.trials),
         "",
     ]
@@ -236,7 +315,9 @@ def markdown(summary: Summary, seed: int, elapsed: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=24)
+    parser.add_argument("--trials", type=int, default=24, help="SIGKILL trials")
+    parser.add_argument("--sigint-trials", type=int, default=0, help="Ctrl-C (SIGINT) trials")
+    parser.add_argument("--plugin-trial", action="store_true", help="a plugin failing in a sweep")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--place-trials", type=int, default=0, help="kill_together.py's")
     parser.add_argument("--place-pair-trials", type=int, default=0)
@@ -254,7 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="kill_anywhere-") as scratch:
         work = args.work or Path(scratch)
         work.mkdir(parents=True, exist_ok=True)
-        summary = run_trials(work, args.trials, args.seed, echo=True)
+        summary = run_trials(
+            work, args.trials, args.seed, True, args.sigint_trials, args.plugin_trial
+        )
         together, kinds = kill_together.run_trials(work / "together", counts, args.seed, True)
     text = markdown(summary, args.seed, time.perf_counter() - started)
     if together:

@@ -18,9 +18,15 @@ code that made it (its ``git_sha``) computes what today's code computes:
    tree. Equal numbers: the record gets today's key (as ``plan`` computes it for that
    folder's config). The ``source`` part (the classes' normalised syntax trees) is compared
    too and its differences printed: code that was edited without changing the numbers.
-3. A pretrained model's records (``model=hf``) are kept under the key of the functions that
-   apply a variant and run the passkey test (``pe_bench.pretrained.key``): the old commit's
-   functions of the same names must have the same normalised syntax trees.
+3. A pretrained model's records (``model=hf``) are kept under the key of every module-level
+   definition of ``pe_bench/pretrained`` (``pe_bench.pretrained.key``): each definition the
+   old commit had must have the same normalised syntax tree today. A definition added since
+   cannot have computed the old numbers, since the unchanged code that did cannot name it;
+   one removed since was named by none of it either. A module added since is not imported
+   by the unchanged code; in a module the old commit had, an added top-level statement, a
+   decorated definition (but ``PURE_DECORATORS``) or an assignment that calls something may
+   act on import: they are differences. Log lines are compared out, and so is a loop counter
+   that only they read (``_proof_source``).
 
 A record whose code computed other numbers keeps what it has and is listed: the next run
 recomputes it. Rerunning the script changes nothing (records already under today's key are
@@ -32,8 +38,8 @@ left as they are). ``--check`` says what it would do and writes nothing.
 from __future__ import annotations
 
 import argparse
+import ast
 import collections
-import contextlib
 import importlib
 import importlib.util
 import json
@@ -94,7 +100,7 @@ def worker(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for item in items:
         try:
             if item["kind"] == "hf_code":
-                out.append(_hf_code(item["names"]))
+                out.append(_hf_code())
                 continue
             if item.get("plugin"):
                 importlib.import_module(item["plugin"])
@@ -114,24 +120,88 @@ def worker(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _hf_code(names: list[str]) -> dict[str, Any]:
-    """The pretrained code's key from the functions of these names, wherever this tree
-    keeps them (``pe_bench.pretrained.*`` now, ``pe_bench.hf``/``passkey`` before)."""
+def _hf_code() -> dict[str, Any]:
+    """The pretrained code's definitions in this tree's ``pe_bench/pretrained`` (today's
+    ``key.definitions``): the key, each ``module.name``'s digest after the equivalences a
+    proof may use (``_proof_source``), the modules, and the names whose definition is inert
+    (``_inert``)."""
     key = _key_module()
-    places = ["pe_bench.pretrained.rope", "pe_bench.pretrained.passkey", "pe_bench.hf"]
-    places.append("pe_bench.pretrained.windowed")
-    places.append("pe_bench.passkey")
-    modules = []
-    for place in places:
-        with contextlib.suppress(ImportError):
-            modules.append(importlib.import_module(place))
-    found = {}
-    for name in names:
-        found[name] = next((getattr(m, name) for m in modules if hasattr(m, name)), None)
+    package = Path(importlib.import_module("pe_bench").__file__).parent / "pretrained"
+    paths = sorted(package.rglob("*.py")) if package.is_dir() else []
+    paths = [p for p in paths if p.relative_to(package).as_posix() not in key.PIPELINE]
+    found: dict[str, list[str]] = {}
+    inert = []
+    for path in paths:
+        module = ".".join(path.relative_to(package).with_suffix("").parts)
+        source = path.read_text(encoding="utf-8")
+        for name, tree in key.module_definitions(_proof_source(source, key)):
+            found.setdefault(f"{module}.{name}", []).append(tree)
+        for node in ast.parse(source).body:
+            names = key.defined_names(node) if _inert(node) else []
+            inert += [f"{module}.{name}" for name in names]
+    found = {name: sorted(trees) for name, trees in found.items()}
     return {
-        "key": key.code_key(found),
-        "each": {name: key.code_key({name: obj}) for name, obj in found.items()},
+        "key": key.pretrained_key(package) if package.is_dir() else None,
+        "each": {name: key.code_key({name: trees}) for name, trees in found.items()},
+        "inert": sorted(set(inert)),
+        "modules": sorted({name.split(".")[0] for name in found}),
     }
+
+
+PURE_DECORATORS = ("dataclass", "cache", "lru_cache", "staticmethod", "classmethod", "property")
+
+
+def _inert(node: ast.stmt) -> bool:
+    """A definition that does nothing on import: a function or class decorated by nothing
+    but ``PURE_DECORATORS`` (``dataclass(frozen=True)`` too), or an assignment that calls
+    nothing."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return all(_decorator_name(d) in PURE_DECORATORS for d in node.decorator_list)
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        return not any(isinstance(n, ast.Call) for n in ast.walk(node))
+    return False
+
+
+def _decorator_name(node: ast.expr) -> str:
+    """``dataclass`` of ``@dataclass``, ``@dataclasses.dataclass(frozen=True)``, ..."""
+    node = node.func if isinstance(node, ast.Call) else node
+    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
+
+
+def _proof_source(source: str, key: Any) -> str:
+    """``source`` without log lines anywhere, and with a loop counter that only they read
+    dropped: ``for i, x in enumerate(xs)`` is ``for x in xs`` (the same items in the same
+    order; 1199a25 numbered the passkey trials for a log line)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            body = getattr(node, field, None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
+                kept = [stmt for stmt in body if not key.unkeyed_statement(stmt)]
+                setattr(node, field, kept or ([ast.Pass()] if field == "body" else []))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.For) and _unread_counter(node):
+            node.target, node.iter = node.target.elts[1], node.iter.args[0]
+    return ast.unparse(tree)
+
+
+def _unread_counter(loop: ast.For) -> bool:
+    """Whether ``loop`` is ``for i, x in enumerate(xs[, start])`` with ``i`` read nowhere."""
+    call, target = loop.iter, loop.target
+    if not (
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Name)
+        and call.func.id == "enumerate"
+        and 1 <= len(call.args) <= 2
+        and not call.keywords
+        and isinstance(target, ast.Tuple)
+        and len(target.elts) == 2
+        and isinstance(target.elts[0], ast.Name)
+    ):
+        return False
+    counter = target.elts[0].id
+    body = [*loop.body, *loop.orelse]
+    return not any(isinstance(n, ast.Name) and n.id == counter for s in body for n in ast.walk(s))
 
 
 # ---- the migration ----------------------------------------------------------------------------
@@ -252,10 +322,7 @@ class Folder:
         dims = {k: getattr(self.dims, k) for k in self.dims.__dataclass_fields__}
         found = []
         if self.hf:
-            from pe_bench.pretrained.key import APPLY, PASSKEY, WINDOWED
-
-            names = [*APPLY, *WINDOWED, *PASSKEY]
-            found.append(("hf code", {"kind": "hf_code", "names": names}))
+            found.append(("hf code", {"kind": "hf_code"}))
         else:
             found.append(("scheme", _scheme_item(self.cfg["pe"], dims)))
             ft_pe = self.finetunes.get(record.get("finetune"))
@@ -304,9 +371,25 @@ def compare(old: dict[str, Any], new: dict[str, Any]) -> tuple[bool, str]:
     """Whether the old commit's code computes today's numbers, and what differs."""
     if "error" in old or "error" in new:
         return False, f"cannot compare: {old.get('error') or new.get('error')}"
-    if "each" in old:  # the pretrained code: normalised syntax trees
-        edited = sorted(n for n in new["each"] if old["each"].get(n) != new["each"][n])
-        return old["key"] == new["key"], f"functions edited: {', '.join(edited)}" if edited else ""
+    if "each" in old:  # the pretrained code: normalised syntax trees (module docstring, 3.)
+        edited = sorted(
+            n for n in old["each"] if n in new["each"] and old["each"][n] != new["each"][n]
+        )
+        added = sorted(set(new["each"]) - set(old["each"]))
+        in_old_modules = [n for n in added if n.split(".")[0] in old["modules"]]
+        acting = [n for n in in_old_modules if n not in new["inert"]]
+        removed = sorted(set(old["each"]) - set(new["each"]))
+        notes = [
+            f"{what}: {', '.join(names)}"
+            for what, names in (
+                ("edited", edited),
+                ("added, acting on import", acting),
+                ("added", added),
+                ("removed", removed),
+            )
+            if names
+        ]
+        return not edited and not acting, "; ".join(notes)
     same = old["numbers"] == new["numbers"]
     edited = sorted(
         name

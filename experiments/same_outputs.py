@@ -1,7 +1,8 @@
 """Whether two runs' folders hold the same outputs, as the kill trials compare them
 (``kill_anywhere.py``, ``kill_together.py``): every file equal but for what measures time,
 memory, date or the host (``IGNORED`` record fields, the report's and cost table's
-measured cells, checkpoints' ``elapsed``), and ``NOT_COMPARED`` files left out."""
+measured cells, checkpoints' ``elapsed``), and ``NOT_COMPARED`` files left out (a job's
+``.done`` marker is compared by its presence: it names sweeps by random ids)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import torch
 
 from pe_bench.records import read_jsonl
+from pe_bench.run.store import DONE
 
 # Record fields that measure time, memory, date or the host (and the code's version, which
 # other engineers' edits may change between two runs): not results, never equal twice.
@@ -79,6 +81,8 @@ def equal(x: object, y: object) -> bool:
 
 def same_file(rel: Path, ref: Path, got: Path, rename: tuple[str, str]) -> bool:
     """``got`` equal to ``ref`` as ``rel``'s kind of file is compared (module docstring)."""
+    if rel.name == DONE:  # names the sweeps that ended the job: random ids, there or not
+        return True
     if rel.name == "records.jsonl":
         strip = [{k: v for k, v in r.items() if k not in IGNORED} for r in read_jsonl(got)]
         return strip == [{k: v for k, v in r.items() if k not in IGNORED} for r in read_jsonl(ref)]

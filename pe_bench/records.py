@@ -21,7 +21,6 @@ import platform
 import shlex
 import subprocess
 import tempfile
-import warnings
 from collections.abc import Callable, Iterable
 from functools import cache
 from pathlib import Path
@@ -150,15 +149,23 @@ def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(row, allow_nan=True) + "\n" for row in rows))
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """Rows of a JSON-lines file; corrupt lines are skipped with a warning naming file and line."""
-    return [row for _, row in numbered_rows(path)]
+def read_jsonl(path: Path, move_aside: bool = False) -> list[dict]:
+    """Rows of a JSON-lines file; corrupt lines are skipped with one log line naming the file
+    and the first of them (once a process). With ``move_aside`` (the run that holds the job
+    folder), they are moved to ``<name>.corrupt`` beside it, so that no later run or report
+    meets them again and nothing is lost."""
+    return [row for _, row in numbered_rows(path, move_aside)]
 
 
-def numbered_rows(path: Path) -> list[tuple[int, dict]]:
+CORRUPT = ".corrupt"  # suffix of the file beside a JSON-lines file that holds its corrupt lines
+_warned: set[tuple[str, tuple[int, ...]]] = set()  # (file, its corrupt lines) said once
+
+
+def numbered_rows(path: Path, move_aside: bool = False) -> list[tuple[int, dict]]:
     """(line number, row) of each JSON object line of ``path``. Lines that are not a JSON
-    object are skipped with one warning naming the file and the first of them; a file that is
-    not UTF-8 text (binary) is a ``UserError`` naming it."""
+    object are skipped with one log line naming the file and the first of them (moved aside
+    with ``move_aside``: ``read_jsonl``); a file that is not UTF-8 text (binary) is a
+    ``UserError`` naming it."""
     try:
         text = Path(path).read_bytes().decode("utf-8")
     except UnicodeDecodeError as err:
@@ -180,11 +187,31 @@ def numbered_rows(path: Path) -> list[tuple[int, dict]]:
         if isinstance(row, dict):
             rows.append((number, row))
         else:
-            bad.append(number)
-    if bad:
+            bad.append((number, line))
+    if bad and move_aside:
+        _move_aside(Path(path), [line for _, line in bad], [row for _, row in rows])
+    elif bad and (str(path), tuple(n for n, _ in bad)) not in _warned:
+        _warned.add((str(path), tuple(n for n, _ in bad)))
         more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        warnings.warn(f"{path}:{bad[0]}: corrupt line skipped{more}", stacklevel=3)
+        log.warning(
+            "%s:%d: corrupt line skipped%s; the next pe-bench run of its job moves it to %s",
+            path,
+            bad[0][0],
+            more,
+            Path(path).name + CORRUPT,
+        )
     return rows
+
+
+def _move_aside(path: Path, lines: list[str], rows: list[dict]) -> None:
+    """Append ``lines`` to ``path``'s ``.corrupt`` file, then rewrite ``path`` with ``rows``
+    alone (in that order: a kill between the two leaves a line in both, never in neither)."""
+    aside = path.with_name(path.name + CORRUPT)
+    kept = aside.read_text(encoding="utf-8") if aside.exists() else ""
+    atomic_write_text(aside, kept + "".join(f"{line}\n" for line in lines))
+    write_jsonl(path, rows)
+    more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
+    log.warning("%s: a corrupt line%s moved to %s", path, more, aside.name)
 
 
 def load_records(root: str | Path, check: Callable[[dict], str] | None = None) -> pd.DataFrame:
@@ -254,7 +281,9 @@ def git_sha() -> str:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    threads = torch.get_num_threads()
+    plural = "" if threads == 1 else "s"
+    return f"cpu ({platform.processor() or platform.machine()}, {threads} thread{plural})"
 
 
 @cache

@@ -22,7 +22,7 @@ from PIL import Image
 
 from pe_bench.cli.report import main as report_main
 from pe_bench.model.gpt import GPT, ModelConfig, build_model
-from pe_bench.records import write_jsonl
+from pe_bench.records import POSITIONS, write_jsonl
 from pe_bench.report import aggregate
 
 # Every trainable scheme, and the eval-time variants with the scheme they apply to.
@@ -55,6 +55,8 @@ TRAINABLE = [
     "fope",
     "bipe",
     "cable",
+    "path",
+    "nope_temp",
 ]
 VARIANTS = [
     "pi",
@@ -159,6 +161,8 @@ NOT_RELATIVE = [
     "fope",
     "bipe",
     "cable",
+    "path",
+    "nope_temp",
 ]
 
 
@@ -357,3 +361,27 @@ def _files(path: Path) -> list[Path]:
 def read_rows(path: Path) -> list[dict]:
     """The JSON lines of ``path`` as they are (no line skipped, unlike ``records.read_jsonl``)."""
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def truncate_runs(folder: Path) -> list[dict]:
+    """Two seeds of rope and alibi with nonoverlap records and truncate ones at 16 and 32,
+    written under ``folder`` with the truncate mode's position rows: each run's 2 documents'
+    loss by bucket of positions (``aggregate.log_buckets``), ``window_loss`` = 2 + 0.5 (alibi)
+    + 0.1 x seed + 0.2 x document - 0.01 x bucket. Returns the position rows."""
+    rows, positions = [], []
+    for scheme in ("rope", "alibi"):
+        for seed in (0, 1):
+            for length in (16, 32):
+                rows.append(record(scheme, seed, length, 1.0 + seed))
+                rows.append(record(scheme, seed, length, 2.0, mode="truncate", stride=length))
+                buckets = len(aggregate.log_buckets(length)) - 1
+                base = 2 + 0.5 * (scheme == "alibi") + 0.1 * seed
+                windows = [[base + 0.2 * d - 0.01 * b for b in range(buckets)] for d in (0, 1)]
+                loss = [2.0] * (length - 1) + [None]
+                key = {"run_id": f"{scheme}-{seed}", "scheme": scheme, "variant": "none"}
+                at = {"eval_len": length, "mode": "truncate"}
+                positions.append({**key, **at, "loss": loss, "window_loss": windows})
+    write_runs(folder, rows)
+    for run_id in dict.fromkeys(p["run_id"] for p in positions):
+        write_jsonl(folder / run_id / POSITIONS, [p for p in positions if p["run_id"] == run_id])
+    return positions

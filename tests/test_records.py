@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -69,12 +71,29 @@ def test_load_records_from_nested_runs(tmp_path):
     assert sorted(df["scheme"]) == ["alibi", "rope"]
 
 
-def test_corrupt_line_is_skipped_with_file_and_line(tmp_path):
+def test_corrupt_line_is_skipped_with_one_log_line_once(tmp_path, caplog, recwarn):
+    """One line naming the file and the line, once a process, and no Python warning (two
+    lines with the source line under it, on every later run)."""
     path = tmp_path / "records.jsonl"
     path.write_text(json.dumps({"a": 1}) + "\n{broken\n" + json.dumps({"a": 2}) + "\n")
-    with pytest.warns(UserWarning, match=r"records.jsonl:2: corrupt line skipped"):
-        rows = read_jsonl(path)
-    assert rows == [{"a": 1}, {"a": 2}]
+    with caplog.at_level(logging.WARNING, logger="pe_bench"):
+        assert read_jsonl(path) == [{"a": 1}, {"a": 2}]
+        assert read_jsonl(path) == [{"a": 1}, {"a": 2}]
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and said[0].startswith(f"{path}:2: corrupt line skipped")
+    assert "\n" not in said[0] and "records.jsonl.corrupt" in said[0]
+    assert len(recwarn) == 0
+
+
+def test_the_run_that_holds_a_folder_moves_corrupt_lines_aside(tmp_path, caplog):
+    path = tmp_path / "records.jsonl"
+    path.write_text(json.dumps({"a": 1}) + "\n{broken\n" + json.dumps({"a": 2}) + "\n")
+    with caplog.at_level(logging.WARNING, logger="pe_bench"):
+        assert read_jsonl(path, move_aside=True) == [{"a": 1}, {"a": 2}]
+    assert caplog.messages == [f"{path}: a corrupt line moved to records.jsonl.corrupt"]
+    assert (tmp_path / "records.jsonl.corrupt").read_text() == "{broken\n"
+    assert read_jsonl(path) == [{"a": 1}, {"a": 2}]
+    assert path.read_text().count("\n") == 2
 
 
 def test_no_records_is_a_clear_error(tmp_path):
@@ -121,11 +140,12 @@ def test_a_binary_file_is_a_one_line_error_naming_it(tmp_path):
         read_jsonl(path)
 
 
-def test_lines_that_are_not_objects_are_skipped_with_one_warning(tmp_path):
+def test_lines_that_are_not_objects_are_skipped_with_one_warning(tmp_path, caplog):
     path = tmp_path / "records.jsonl"
     path.write_text('[1, 2]\n{"a": 1}\n3\n"text"\n')
-    with pytest.warns(UserWarning, match=r"records.jsonl:1: corrupt line skipped \(and 2 more\)"):
+    with caplog.at_level(logging.WARNING, logger="pe_bench"):
         assert read_jsonl(path) == [{"a": 1}]
+    assert re.match(r".*records.jsonl:1: corrupt line skipped \(and 2 more\)", caplog.text)
 
 
 def test_a_check_names_the_file_and_line(tmp_path):
@@ -165,3 +185,14 @@ def test_cpu_model_reads_the_model_name_line(monkeypatch, tmp_path):
         assert records.cpu_model() == "AMD EPYC"
     finally:
         records.cpu_model.cache_clear()
+
+
+def test_a_cpu_s_thread_count_is_singular_for_one(monkeypatch):
+    import torch
+
+    from pe_bench.records import device_name
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert device_name(torch.device("cpu")).endswith(", 1 thread)")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert device_name(torch.device("cpu")).endswith(", 2 threads)")

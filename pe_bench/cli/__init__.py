@@ -7,12 +7,15 @@ thin layer over the packages below it.
 - ``check``: ``pe-bench-check``, the conformance kit on one scheme.
 - ``place``: ``pe-bench-place``, a scheme on a committed sweep's leaderboard.
 - ``hydra_private``: the one module that reaches into ``hydra._internal``.
+- ``console``: what every script does around its work (a bad ``OMP_NUM_THREADS`` and Ctrl-C
+  in one line), and the entry points pyproject names, which import each script's module
+  inside it.
 """
 
 
 def main() -> None:
     """``pe-bench`` for console scripts installed before the command line was this package
-    (they name ``pe_bench.cli:main``); ``pip install -e .`` installs ``pe_bench.cli.bench:main``."""
-    from pe_bench.cli.bench import main as bench_main
+    (they name ``pe_bench.cli:main``); ``pip install -e .`` installs ``cli.console``'s."""
+    from pe_bench.cli.console import pe_bench
 
-    bench_main()
+    pe_bench()

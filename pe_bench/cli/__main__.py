@@ -1,5 +1,5 @@
 """``python -m pe_bench.cli``: ``pe-bench`` (as torchrun and the tests start it)."""
 
-from pe_bench.cli.bench import main
+from pe_bench.cli.console import pe_bench
 
-main()
+pe_bench()

@@ -24,7 +24,8 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from pe_bench.cli.command_line import check_command
+from pe_bench.cli.command_line import announce, check_command
+from pe_bench.cli.console import console
 from pe_bench.cli.hydra_private import report_as_hydra
 from pe_bench.errors import UserError, os_message
 from pe_bench.pretrained import evaluate as pretrained
@@ -34,7 +35,7 @@ from pe_bench.run import job, trained
 from pe_bench.run.config import CONF_DIR, RunConfig
 from pe_bench.run.distributed import rank_from_env
 from pe_bench.run.plan import plan
-from pe_bench.run.store import record_failure
+from pe_bench.run.store import failure_line, first_missing, record_failure, remove_refused
 
 log = logging.getLogger("pe_bench")
 
@@ -51,7 +52,7 @@ def run(cfg: DictConfig | RunConfig, out_dir: Path, sweep: bool = False) -> list
             if cfg.pretrained
             else (plan(cfg), trained.STEPS)
         )
-    except (UserError, OSError) as err:
+    except Exception as err:
         if sweep:  # bad input: every run of this job fails alike, no lock needed
             record_failure(out_dir, err)
         raise
@@ -76,11 +77,18 @@ def hydra_main(cfg: DictConfig) -> None:
             return
         log_to_files(f"error: {err}")  # the console gets it once, on stderr
         fail(err)
+    except Exception as err:  # a bug (a plugin's, say): one job of a sweep fails, not all
+        if not sweep:
+            raise
+        log_to_files("the job failed:", exc_info=err)  # the traceback, in the job's cli.log
+        log.error("error: %s", failure_line(err, out_dir))  # and error.txt: the sweep goes on
 
 
-def log_to_files(message: str) -> None:
-    """``message`` as an error in the log files (the job's ``cli.log``), not on the console."""
-    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, None)
+def log_to_files(message: str, exc_info: BaseException | None = None) -> None:
+    """``message`` (with ``exc_info``'s traceback) as an error in the log files (the job's
+    ``cli.log``), not on the console."""
+    info = (type(exc_info), exc_info, exc_info.__traceback__) if exc_info else None
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, info)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler):
             handler.handle(record)
@@ -95,21 +103,37 @@ def fail(err: UserError) -> NoReturn:
 def main() -> None:
     """The ``pe-bench`` console script: the command line is checked first (``check_command``),
     so that a misspelled group, key or option ends in one line, not in Hydra's list of every
-    option over many lines; then Hydra runs the job (or the sweep). A file Hydra itself cannot
-    write (multirun.yaml on a full disk) is one line too: Hydra is asked to raise what it
-    would print as a traceback, and anything but an ``OSError`` is then reported as Hydra
-    reports it."""
+    option over many lines; then Hydra runs the job (or the sweep, its estimate said first).
+    A refused run leaves nothing it made (``run.store.remove_refused``). A file Hydra cannot
+    write (multirun.yaml on a full disk) is one line too: Hydra is asked to raise, and any
+    other error is then reported as Hydra reports it. Ctrl-C is one line (``cli.console``)."""
+    with console("pe-bench"):
+        run_command(sys.argv[1:])
+
+
+def run_command(argv: list[str]) -> None:
+    """``main``'s work, once the environment is checked."""
     try:
-        folder = check_command(sys.argv[1:])
+        command = check_command(argv)
     except UserError as err:
         fail(err)
+    folder = command.folder if command else None
+    made = first_missing(folder) if folder and not command.multirun else None
+    if command:
+        announce(command)
     git_sha()  # records name the code loaded now, not a commit made while a sweep runs
     logging.raiseExceptions = False  # a log file on a full disk: no traceback per line
     asked = os.environ.get(FULL_ERROR)
     os.environ[FULL_ERROR] = "1"  # the console script's process ends with this call
     try:
         hydra_main()
+    except SystemExit as done:
+        if done.code == 2 and folder:  # refused: what the run made goes
+            remove_refused(folder, made)
+        raise
     except OSError as err:
+        if folder:
+            remove_refused(folder, made)
         fail(UserError(os_message(err, folder)))
     except Exception as err:
         if asked == "1":

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+from pe_bench.cli.console import console
 from pe_bench.conformance.kit import check_scheme, scheme_cost_report
 from pe_bench.errors import OneLineParser, UserError
 from pe_bench.positions import PositionScheme, checked_options, load_plugin, scheme_class
@@ -64,6 +65,12 @@ def main(argv: list[str] | None = None) -> None:
         help="skip timing a training step and a 1024-token evaluation against rope",
     )
     args = parser.parse_args(argv)
+    with console("pe-bench-check", "nothing was written; rerun it to check again"):
+        check_command(parser, args)
+
+
+def check_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Run the checks ``args`` ask for and print them; exit 1 if one failed."""
     try:
         if args.plugin:
             load_plugin(args.plugin, "--plugin")

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
@@ -24,18 +27,30 @@ from pe_bench.data.tokenizer import BPE
 from pe_bench.errors import UserError
 from pe_bench.run import weights
 from pe_bench.run.config import CONF_DIR, PRETRAINED, RunConfig, check_top_keys
-from pe_bench.run.plan import plan
+from pe_bench.run.estimate import sweep_estimate, worth_estimating
+from pe_bench.run.plan import Plan, plan
 
+NAME_MAX = 255  # bytes of a file or folder name on Linux and macOS file systems
 # pe-bench's config groups (conf/'s folders): a list selected for one is refused
 GROUPS = sorted(p.name for p in Path(CONF_DIR).iterdir() if p.is_dir() and p.name[0] != "_")
 
 
-def check_command(argv: list[str]) -> Path | None:
+@dataclass(frozen=True)
+class Command:
+    """A checked command: the folder it writes into (the sweep's, or the run's), whether it
+    is a sweep, the plan of each job pe-bench trains, and what to say before it starts."""
+
+    folder: Path
+    multirun: bool
+    plans: list[Plan]
+    notes: list[str]
+
+
+def check_command(argv: list[str]) -> Command | None:
     """Compose the config as Hydra will, with Hydra's own parser, config search path
     (``hydra.searchpath`` included) and overrides, and turn a composition error into one
     ``UserError``; each value of a swept group is composed too. Commands that compose
-    something else (``--help``, ``--config-dir``, ...) are left to Hydra. Returns the folder
-    the command writes into (the sweep's, or the run's), None for those it leaves."""
+    something else (``--help``, ``--config-dir``, ...) are left to Hydra (None)."""
     for arg in argv:
         try:
             arg.encode()
@@ -64,8 +79,34 @@ def check_command(argv: list[str]) -> Path | None:
         return None
     _check_writable(str(cfg.out_root))
     multirun = args.multirun or cfg.hydra.mode == RunMode.MULTIRUN
-    check_jobs(job_overrides(cfg, args.overrides) if multirun else None, cfg, overrides)
-    return Path(str(OmegaConf.select(cfg, "hydra.sweep.dir" if multirun else "hydra.run.dir")))
+    plans = check_jobs(job_overrides(cfg, args.overrides) if multirun else None, cfg, overrides)
+    folder = Path(str(OmegaConf.select(cfg, "hydra.sweep.dir" if multirun else "hydra.run.dir")))
+    return Command(folder, multirun, plans, notes(plans))
+
+
+def announce(command: Command) -> None:
+    """Say what a checked command should hear before it starts: its notes (stderr), and a
+    sweep's estimated time (``run.estimate``)."""
+    for note in command.notes:
+        print(f"pe-bench: {note}", file=sys.stderr)
+    if command.multirun and worth_estimating(command.plans):
+        print(f"pe-bench: estimate: {sweep_estimate(command.plans)}", flush=True)
+
+
+def notes(plans: list[Plan]) -> list[str]:
+    """What to say before the jobs start: a job that measures no extrapolation (every eval
+    length within its training length), once for each such setting."""
+    said = []
+    for job in plans:
+        train_len = job.cfg.train.seq_len
+        lengths = job.cfg.eval.eval_lengths(train_len)
+        if lengths and max(lengths) <= train_len:
+            said.append(
+                f"warning: eval lengths {', '.join(map(str, lengths))} reach no further than "
+                f"train.seq_len={train_len}: no extrapolation is measured (eval.factors above "
+                "1, or eval.lengths past it, do)"
+            )
+    return list(dict.fromkeys(said))
 
 
 def _hydra_args(argv: list[str]) -> argparse.Namespace:
@@ -185,17 +226,21 @@ def job_overrides(cfg: DictConfig, command: list[str]) -> list[list[str]] | None
         return None
 
 
-def check_jobs(jobs: list[list[str]] | None, cfg: DictConfig, overrides: list[Override]) -> None:
+def check_jobs(
+    jobs: list[list[str]] | None, cfg: DictConfig, overrides: list[Override]
+) -> list[Plan]:
     """Plan every job as its run will (typed configs, scheme and variants built, lengths and
     memory checked; no model is built and no data read, well under a second a job), so that
     a bad value in any job of a sweep is refused in one line naming the job, before any job
-    starts or any folder is made. ``jobs`` None: the one job ``cfg`` is."""
+    starts or any folder is made. ``jobs`` None: the one job ``cfg`` is. Returns the plans
+    of the jobs pe-bench trains (a pretrained model's plan reads its config.json: none)."""
+    plans = []
     for job in jobs or [None]:
         composed = cfg if job is None else _composed(job, overrides)
         try:
             run_cfg = RunConfig.parse(composed)
-            if not run_cfg.pretrained:  # a pretrained model's plan reads its config.json
-                plan(run_cfg)
+            if not run_cfg.pretrained:
+                plans.append(plan(run_cfg))
             else:  # where its weights are: a missing GGUF file or package is one line
                 weights.resolve(run_cfg.model.name, run_cfg.model.gguf_file)
             check_job_folder(composed, multirun=job is not None)
@@ -204,6 +249,7 @@ def check_jobs(jobs: list[list[str]] | None, cfg: DictConfig, overrides: list[Ov
                 "" if job is None or len(jobs) == 1 else f" (in the sweep's job {' '.join(job)})"
             )
             raise UserError(f"{err}{where}") from err
+    return plans
 
 
 def _first(override: Override) -> str | None:
@@ -226,6 +272,8 @@ def _composed(lines: list[str], overrides: list[Override]) -> DictConfig:
             return compose("config", overrides=lines, return_hydra_config=True)
     except MissingConfigException as err:
         raise UserError(_missing_option(err, overrides)) from err
+    except yaml.YAMLError as err:  # a config file (a user's experiment) that is not YAML
+        raise UserError(yaml_message(err)) from err
     except ValueError as err:  # Hydra's own, for an override its grammar lets through
         raise UserError(f"bad override: {_flat(str(err))} (in {' '.join(lines)})") from err
     except HydraException as err:
@@ -254,9 +302,12 @@ def _missing_option(err: MissingConfigException, overrides: list[Override]) -> s
     """``pe=roep is not an option of pe; allowed: alibi, ...``: Hydra's list, on one line."""
     group, _, option = (err.missing_cfg_file or "").rpartition("/")
     allowed = f"; allowed: {', '.join(err.options)}" if err.options else ""
+    close = difflib.get_close_matches(option, err.options or [], n=1)
+    hint = f" (did you mean {group}={close[0]}?)" if close else ""
     for override in overrides:
         if override.key_or_group == group:
-            return f"{override.get_key_element()}={option} is not an option of {group}{allowed}"
+            given = f"{override.get_key_element()}={option}"
+            return f"{given} is not an option of {group}{hint}{allowed}"
     return f"{group}={option} (asked for by the config) is not an option of {group}{allowed}"
 
 
@@ -309,6 +360,13 @@ def check_job_folder(composed: DictConfig, multirun: bool) -> None:
         folder = Path(hydra.sweep.dir) / hydra.sweep.subdir if multirun else Path(hydra.run.dir)
     except OmegaConfBaseException:  # a value Hydra's folder name cannot hold: Hydra says so
         return
+    longest = max(folder.parts, key=lambda part: len(part.encode()))
+    if len(longest.encode()) > NAME_MAX:
+        raise UserError(
+            f"the job folder {str(folder)[:80]}... cannot be made: its name "
+            f"{longest[:40]}... is {len(longest.encode())} bytes; allowed: at most {NAME_MAX} "
+            "bytes a name (the file system's limit), a shorter name= or out_root="
+        )
     try:
         _blocker(folder.expanduser())
     except NotADirectoryError as err:
@@ -318,6 +376,18 @@ def check_job_folder(composed: DictConfig, multirun: bool) -> None:
             f"the job folder {folder} cannot be made: {blocker}; "
             "allowed: move that file away, or pick another name= or out_root="
         ) from err
+
+
+def yaml_message(err: yaml.YAMLError) -> str:
+    """A YAML error as one line: the file, the line and column, what is wrong."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark else "a config"
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    context = getattr(err, "context", None)
+    return (
+        f"{where}: not valid YAML ({f'{context}: ' if context else ''}{problem}); allowed: "
+        "YAML as in conf/ (the same indent for keys of one level, spaces, no tabs)"
+    )
 
 
 def _nearest(path: Path) -> Path:

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pe_bench.cli.command_line import check_command, has_option
+from pe_bench.cli.console import INTERRUPTED, console
 from pe_bench.errors import OneLineParser, UserError
 from pe_bench.positions import load_plugin, scheme_class
 from pe_bench.records import COMMANDS, atomic_write_bytes, load_records
@@ -179,11 +180,24 @@ def place(
     copy_records(onto, out)
     log_placement(out, scheme, onto, options, plugin, searchpath)
     print(f"pe-bench-place: pe-bench -m {shlex.join(command)}", flush=True)
-    status = subprocess.run([sys.executable, "-m", "pe_bench.cli", "-m", *command]).returncode
+    status = run_sweep([sys.executable, "-m", "pe_bench.cli", "-m", *command])
     if status == 0 and not (out / "report.md").exists():  # never exit 0 without the report
         print(f"pe-bench-place: error: no report at {out / 'report.md'}", file=sys.stderr)
         return 1
     return status
+
+
+def run_sweep(args: list[str]) -> int:
+    """Run the sweep and return its exit status. Ctrl-C reaches it too (one process group):
+    it says so in one line and ends, and this command ends with its status, silently."""
+    proc = subprocess.Popen(args)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        status = proc.wait()
+        if status != INTERRUPTED:  # it had not started to handle it: say it here
+            raise
+        sys.exit(INTERRUPTED)
 
 
 def log_placement(
@@ -244,10 +258,12 @@ def main(argv: list[str] | None = None) -> None:
             parser.error(f"--option {option!r} is not key=value")
     label = ",".join([args.scheme, *args.option])
     out = args.out or Path("outputs") / "place" / args.onto.name / label
-    try:
-        status = place(args.scheme, args.onto, out, args.option, args.plugin, args.searchpath)
-    except UserError as err:
-        parser.error(str(err))
+    with console("pe-bench-place"):
+        try:
+            status = place(args.scheme, args.onto, out, args.option, args.plugin, args.searchpath)
+        except UserError as err:
+            parser.error(str(err))
     if status == 0:
-        print(f"pe-bench-place: {args.scheme} beside {args.onto}'s schemes: {out / 'report.md'}")
+        report = (out / "report.md").resolve()
+        print(f"pe-bench-place: {args.scheme} beside {args.onto}'s schemes: {report}")
     sys.exit(status)

@@ -1,22 +1,32 @@
 """``pe-bench-report <results dir>``: the command line over ``report.build.build_report``,
 with ``--latex DIR`` (the report's LaTeX tables copied into a paper's folder) and ``--site DIR``
-(the report as a static leaderboard site, ``report.site``)."""
+(the report as a static leaderboard site, ``report.site``). Every output folder is checked
+before anything is written."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
+from pe_bench.cli.console import console
 from pe_bench.errors import OneLineParser, UserError, os_message
 from pe_bench.records import MODES, atomic_write_text
 from pe_bench.report import latex, metrics
 from pe_bench.report.build import build_report
-from pe_bench.report.inputs import Options
+from pe_bench.report.inputs import Options, check_output_folder
 from pe_bench.report.site import write_site
+from pe_bench.report.site.pages import check_site_folder
+
+DESCRIPTION = (
+    "Write the report of a folder of pe-bench records: report.md, tables (Markdown, CSV, "
+    "LaTeX) and figures; optionally a copy of the LaTeX tables and a static leaderboard site."
+)
+RERUN = "nothing was half-written (each file is replaced whole); rerun it to write the report"
 
 
 def build_parser() -> OneLineParser:
     """The command's arguments."""
-    parser = OneLineParser(prog="pe-bench-report", description=__doc__.split("\n")[0])
+    parser = OneLineParser(prog="pe-bench-report", description=DESCRIPTION)
     parser.add_argument("results", help="folder with records (searched recursively)")
     parser.add_argument(
         "--metric",
@@ -79,16 +89,28 @@ def main(argv: list[str] | None = None) -> None:
             "(the report's own tables/*.tex keep the default style)"
         )
     options = Options(args.metric, args.mode, args.baseline, tuple(args.schemes), args.compare)
-    try:
-        report = build_report(args.results, args.out, options)
-        if args.latex:
-            copy_latex(report.latex, Path(args.latex), args.latex_style or "table")
-        if args.site:
-            print(f"site: {write_site(report, Path(args.results), Path(args.site))}")
-    except UserError as err:
-        parser.error(str(err))
-    except OSError as err:  # a read-only or full disk, an --out that cannot be made
-        parser.error(f"{os_message(err)}; allowed: --out a folder you can write to")
+    with console("pe-bench-report", RERUN):
+        try:
+            report_command(args, options)
+        except UserError as err:
+            parser.error(str(err))
+        except OSError as err:  # a full disk, a folder made read-only meanwhile
+            parser.error(os_message(err))
+
+
+def report_command(args: argparse.Namespace, options: Options) -> None:
+    """Check every output folder, then write the report, the LaTeX copy and the site, and say
+    where each is."""
+    check_output_folder("--out", args.out or args.results)
+    if args.latex:
+        check_output_folder("--latex", args.latex)
+    if args.site:
+        check_site_folder(Path(args.site))
+    report = build_report(args.results, args.out, options)
+    if args.latex:
+        copy_latex(report.latex, Path(args.latex), args.latex_style or "table")
+    site = write_site(report, Path(args.results), Path(args.site)) if args.site else None
+    print(f"\n{report.where(Path(args.results), site.parent if site else None)}")
 
 
 def copy_latex(tables: list[Path], folder: Path, style: str) -> None:
@@ -96,4 +118,4 @@ def copy_latex(tables: list[Path], folder: Path, style: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for path in tables:
         atomic_write_text(folder / path.name, latex.restyle(path.read_text(), style))
-    print(f"LaTeX tables: {len(tables)} in {folder} (style {style})")
+    print(f"LaTeX tables: {len(tables)} in {folder.resolve()} (style {style})")

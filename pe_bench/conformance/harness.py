@@ -99,7 +99,18 @@ def allowed_entries(x: Tensor, s_q: int, s_k: int) -> Tensor:
 
 
 def max_diff(a: Tensor, b: Tensor) -> float:
-    return (a.float() - b.float()).abs().max().item()
+    """The largest difference of two outputs (infinities equal where both have the same one,
+    as a mask's -inf); a NaN in either fails the check that reads them: NaN compares false
+    with any tolerance, so every comparison would pass, and 'differ by nan' says nothing."""
+    a, b = a.float(), b.float()
+    for x in (a, b):
+        if x.isnan().any():
+            raise Failed(
+                f"the output holds NaN ({int(x.isnan().sum()):,} of {x.numel():,} values), so "
+                "nothing can be compared: look for 0/0, log(0) or sqrt(-x) in the scheme's hooks"
+            )
+    same_infinity = (a == b) & a.isinf()
+    return (a - b).abs().masked_fill(same_infinity, 0.0).max().item()
 
 
 def tolerance(reference: Tensor, rel: float) -> float:

@@ -111,7 +111,7 @@ def _load_cached(cfg_json: str) -> Corpus:
         name = f"hf:{cfg['name']}" + (f"/{cfg['config']}" if cfg.get("config") else "")
     for split in SPLITS:
         if not splits[split]:
-            raise UserError(f"corpus {name}: the {split} split is empty")
+            raise UserError(empty_split(name, cfg, split, sum(map(len, splits.values()))))
     digest = hashlib.sha256()
     for split in SPLITS:
         digest.update(f"{split}:{len(splits[split])}:".encode())
@@ -128,16 +128,57 @@ def _load_cached(cfg_json: str) -> Corpus:
     return corpus
 
 
+def empty_split(name: str, cfg: Mapping[str, Any], split: str, size: int) -> str:
+    """Why ``split`` of a corpus of ``size`` bytes is empty, and what would fill it."""
+    where = f"data.path={cfg['path']!r}" if cfg.get("path") else f"corpus {name}"
+    frac = float(cfg.get(f"{split}_frac", 0.05)) if split != "train" else 0.0
+    if frac and size * frac < 1:  # split by bytes: too little text for a byte of the split
+        least = max(-(-1 // float(cfg.get(f"{s}_frac", 0.05))) for s in ("valid", "test"))
+        return (
+            f"{where} holds {size:,} byte{'' if size == 1 else 's'}: data.{split}_frac={frac:g} "
+            "of them is less than one, "
+            f"so the {split} split is empty; allowed: a text of at least {int(least):,} bytes "
+            "(and enough for training windows of train.seq_len + 1 tokens)"
+        )
+    return (
+        f"{where}: no document fell in the {split} split (documents are split by a hash of "
+        f"their name, data.{split}_frac={frac:g}); allowed: more documents, or data.split=bytes"
+    )
+
+
+def tokens_bound(data: DataConfig) -> int | None:
+    """The corpus's bytes, from its files' sizes without reading them: at most as many tokens
+    (a token is at least a byte), what a training length is checked against before any data
+    is read. None where it is not known (a dataset of the hub, a synthetic task)."""
+    return _tokens_bound(data.source, str(data.path), data.glob)
+
+
+@lru_cache(maxsize=8)
+def _tokens_bound(source: str, path: str, pattern: str) -> int | None:
+    if source == "stdlib":
+        files = stdlib_paths()
+    elif source == "text":
+        root = Path(path).expanduser()
+        files = [root] if root.is_file() else [p for p in root.glob(pattern) if p.is_file()]
+    else:
+        return None
+    return sum(path.stat().st_size for path in files) + max(len(files) - 1, 0)  # "\n"-joined
+
+
+def stdlib_paths() -> list[Path]:
+    """The standard library's ``.py`` files outside test folders."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    paths = []
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = [d for d in subfolders if d not in STDLIB_SKIP]  # prune the walk
+        paths += [Path(folder, file) for file in files if file.endswith(".py")]
+    return paths
+
+
 def stdlib_documents() -> dict[str, bytes]:
     """The standard library's ``.py`` files outside test folders, keyed by relative path."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    docs = {}
-    for folder, subfolders, files in os.walk(root):
-        subfolders[:] = [d for d in subfolders if d not in STDLIB_SKIP]  # prune the walk
-        for file in files:
-            if file.endswith(".py"):
-                path = Path(folder, file)
-                docs[path.relative_to(root).as_posix()] = path.read_bytes()
+    docs = {path.relative_to(root).as_posix(): path.read_bytes() for path in stdlib_paths()}
     if not docs:
         raise UserError(f"no standard-library sources found under {root}; use data=text")
     return docs

@@ -25,9 +25,11 @@ from pe_bench.positions import (  # noqa: F401  (importing registers the built-i
     bias,
     bilevel,
     contextual,
+    dropped,
     fire,
     fourier,
     gates,
+    householder,
     logits,
     long_context,
     polar,
@@ -36,6 +38,7 @@ from pe_bench.positions import (  # noqa: F401  (importing registers the built-i
     rerope,
     rotary,
     rotary_zoo,
+    temperature,
 )
 from pe_bench.positions.base import ModelDims, PositionScheme, register, registered
 from pe_bench.positions.fingerprint import class_key
@@ -232,4 +235,14 @@ def scheme_key(cfg: Mapping[str, Any], dims: ModelDims | None = None) -> str:
         load_plugin(cfg["plugin"])
     cls = scheme_class(cfg["name"])
     options = checked_options(cls, {k: v for k, v in cfg.items() if k not in META_KEYS}, "")
-    return class_key(cls, options, dims)
+    try:
+        return class_key(cls, options, dims)
+    except UserError:
+        raise
+    except Exception as err:  # a plugin's hook that fails on the probe: its records cannot be
+        reason = (str(err).strip().splitlines() or [""])[0][:200]
+        plugin = f" --plugin {cfg['plugin']}" if cfg.get("plugin") else ""
+        raise UserError(
+            f"{cfg['name']}: its hooks raised {type(err).__name__}: {reason} on the probe that "
+            f"keys its records; pe-bench-check {cfg['name']}{plugin} shows which hook"
+        ) from err

@@ -119,6 +119,34 @@ def build_report(
     report.frame, report.records = df, checked
     report.context = probes.context_use(checked, df)
     report.tokenizers = mixed_tokenizers(df, options)
+    fill_tables(report, perplexity, published)
+    diverged = aggregate.diverged_runs(df)
+    note = diverged_note(diverged)
+    rows = load_rows(root, POSITIONS)
+    report.positions = protocols.truncate_positions(rows, perplexity, options.schemes)
+    with report_lock(out):
+        remove_comparisons(out / "tables")
+        write_tables(out / "tables", report)
+        report.latex = write_latex(out / "tables", report, note)
+        report.figures = draw_figures(out / "figures", root, rows, report, note)
+        report.latex += probes.write(report.context, out, figures.styles(aggregate.label_order(df)))
+        report.passkey = passkey_section(checked, out)
+        report.latex += [out / "tables" / "passkey.tex"] if report.passkey else []
+        report.ruler = ruler_section(checked, out)
+        report.latex += [out / "tables" / "ruler.tex"] if report.ruler else []
+        atomic_write_text(report.path, markdown_report(root, out, df, report, diverged))
+    if echo:
+        print_summary(report, df, note)
+    return report
+
+
+def fill_tables(
+    report: Report, perplexity: pd.DataFrame, published: list[compare.Published]
+) -> None:
+    """The report's tables of its records (``report.frame``): each metric's seed statistics,
+    the ratio, score, pairwise and cost tables, and the comparisons with ``published``, read
+    against the records of ``perplexity`` in the mode that matches each table's protocol."""
+    df, options = report.frame, report.options
     stats = {metric: aggregate.seed_stats(df, metric) for metric in shown_metrics(df, report)}
     if published:
         ppl = protocols.protocol_stats(perplexity, df, stats["ppl"], options.schemes)
@@ -129,22 +157,6 @@ def build_report(
     report.tables |= pairwise_tables(df, stats, options.metric)
     report.tables["score_pairwise"] = aggregate.score_differences(per_byte)
     report.tables["cost"] = cost.cost_table(df)
-    diverged = aggregate.diverged_runs(df)
-    note = diverged_note(diverged)
-    with report_lock(out):
-        remove_comparisons(out / "tables")
-        write_tables(out / "tables", report)
-        report.latex = write_latex(out / "tables", report, note)
-        report.figures = draw_figures(out / "figures", root, df, report.tables, options, note)
-        report.latex += probes.write(report.context, out, figures.styles(aggregate.label_order(df)))
-        report.passkey = passkey_section(checked, out)
-        report.latex += [out / "tables" / "passkey.tex"] if report.passkey else []
-        report.ruler = ruler_section(checked, out)
-        report.latex += [out / "tables" / "ruler.tex"] if report.ruler else []
-        atomic_write_text(report.path, markdown_report(root, out, df, report, diverged))
-    if echo:
-        print_summary(report, df, note)
-    return report
 
 
 def perplexity_records(root: Path, checked: pd.DataFrame) -> pd.DataFrame:
@@ -273,22 +285,16 @@ def comparison_cells(comparisons: list[compare.Comparison]) -> pd.DataFrame:
 
 
 def draw_figures(
-    folder: Path,
-    root: Path,
-    df: pd.DataFrame,
-    tables: dict[str, pd.DataFrame],
-    options: Options,
-    note: str,
+    folder: Path, root: Path, rows: pd.DataFrame, report: Report, note: str
 ) -> dict[str, Path]:
     """Draw and save the report's figures into ``folder`` (with the data behind the position
-    and training-curve figures, which read the files beside the records under ``root``);
-    returns the PNG of each figure by key, in the order the report shows them."""
+    and training-curve figures: the position ``rows`` and the curves beside the records under
+    ``root``); returns the PNG of each figure by key, in the order the report shows them."""
+    df, tables, options = report.frame, report.tables, report.options
     train_len = training_length(df)
-    rows = load_rows(root, POSITIONS)
-    positions = aggregate.position_loss(rows, df)
-    bands = aggregate.position_intervals(rows, df)  # the truncate mode's windows
     curves = aggregate.training_curves(load_rows(root, CURVE), df)
     labels = aggregate.label_order(df)
+    labels += [s for s in report.positions["label"].unique() if s not in labels]
     style = figures.styles(labels + [s for s in curves["label"].unique() if s not in labels])
     metric, baseline = options.metric, options.baseline
     drawn = {}
@@ -301,20 +307,43 @@ def draw_figures(
         drawn["ratio"] = figures.save(
             figures.ratio_heatmap(tables["ratio"], metric, baseline, note), folder, "ratio_heatmap"
         )
-        if not positions.empty:
-            write_csv(folder / "position_loss.csv", positions)
-            if not bands.empty:
-                write_csv(folder / "position_loss_windows.csv", bands)
-            drawn["positions"] = figures.save(
-                figures.position_figure(positions, style, train_len, note, bands),
-                folder,
-                "position_loss",
-            )
+        drawn |= draw_positions(folder, rows, report, style, note)
         if not curves.empty:
             write_csv(folder / "training_curves.csv", curves)
             drawn["curves"] = figures.save(
                 figures.curve_figure(curves, style, note), folder, "training_curves"
             )
+    return drawn
+
+
+def draw_positions(
+    folder: Path, rows: pd.DataFrame, report: Report, style: dict, note: str
+) -> dict[str, Path]:
+    """The loss-by-position figures: the report's mode's (with its intervals over documents
+    for the truncate mode), and the truncate mode's beside it where the tables hold another
+    mode and the records have truncate ones (``report.positions``)."""
+    df, drawn = report.frame, {}
+    train_len = training_length(df)
+    positions = aggregate.position_loss(rows, df)
+    bands = aggregate.position_intervals(rows, df)  # the truncate mode's windows
+    if not positions.empty:
+        write_csv(folder / "position_loss.csv", positions)
+        if not bands.empty:
+            write_csv(folder / "position_loss_windows.csv", bands)
+        drawn["positions"] = figures.save(
+            figures.position_figure(positions, style, train_len, note, bands),
+            folder,
+            "position_loss",
+        )
+    truncated = report.positions
+    if df["mode"].iloc[0] != "truncate" and not truncated.empty:
+        write_csv(folder / "position_loss_truncate.csv", truncated)
+        title = "Loss by position, documents truncated to the window"
+        drawn["truncate"] = figures.save(
+            figures.position_figure(truncated, style, train_len, note, truncated, title),
+            folder,
+            "position_loss_truncate",
+        )
     return drawn
 
 
@@ -331,8 +360,8 @@ def families(df: pd.DataFrame) -> dict[str, str]:
 
 
 def print_summary(report: Report, df: pd.DataFrame, note: str) -> None:
-    """The console tables (perplexity, bits per byte), the diverged runs, each comparison's
-    sentences and where report.md is."""
+    """The console tables (perplexity, bits per byte), the diverged runs and each
+    comparison's sentences (where the files are: ``Report.where``, said by the caller)."""
     if report.tokenizers:
         print(f"\n{report.tokenizers}")
     for metric in [
@@ -349,7 +378,6 @@ def print_summary(report: Report, df: pd.DataFrame, note: str) -> None:
         print(f"\nComparison with {comparison.published.cite()}:")
         for sentence in comparison.sentences():
             print(f"- {sentence}")
-    print(f"\nreport: {report.path}")
 
 
 def markdown_report(

@@ -291,6 +291,7 @@ def position_figure(
     train_len: int,
     note: str = "",
     bands: pd.DataFrame | None = None,
+    title: str = "Loss by position inside the window",
 ) -> Figure:
     """Mean loss vs position inside the window: one panel per eval length, a line per label;
     with ``bands`` (``aggregate.position_intervals``) each label's 95% interval over windows
@@ -328,7 +329,7 @@ def position_figure(
         ax.set_visible(False)
     for ax in axes[::ncols]:
         ax.set_ylabel("loss (nats/token)")
-    fig.suptitle(f"Loss by position inside the window (dotted line: training length {train_len})")
+    fig.suptitle(f"{title} (dotted line: training length {train_len})")
     _legend(fig, axes, style)
     _footnote(fig, note)
     return fig

@@ -154,6 +154,24 @@ class Report:
     records: pd.DataFrame = field(default_factory=pd.DataFrame)  # every checked record
     latex: list[Path] = field(default_factory=list)  # the tables/*.tex it wrote
     tasks: list[str] = field(default_factory=list)  # a synthetic-task report's tasks
+    # the truncate mode's loss by position with intervals (protocols.truncate_positions)
+    positions: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    def where(self, root: Path, site: Path | None = None) -> str:
+        """Where the report's files are, absolute (a run's last lines), and the command that
+        makes a site of the records under ``root`` (or the ``site`` written)."""
+        folder = self.path.parent.resolve()
+        names = ", ".join(sorted(path.stem for path in self.figures.values()))
+        lines = [
+            f"report: {self.path.resolve()}",
+            f"figures: {folder / 'figures'} ({names}; PNG and PDF)",
+            f"tables: {folder / 'tables'} (Markdown, CSV and LaTeX)",
+            f"site: {site.resolve() / 'index.html'}"
+            if site
+            else f"site: pe-bench-report {shlex.quote(str(Path(root).resolve()))} --site "
+            f"{shlex.quote(str(folder / 'site'))} writes it",
+        ]
+        return "\n".join(lines if self.figures else [lines[0], *lines[2:]])
 
 
 def load_rows(root: Path, name: str) -> pd.DataFrame:
@@ -272,3 +290,21 @@ def commands(root: Path) -> list[str]:
             lines = []
         found += [line for line in lines if line not in found]
     return found
+
+
+def check_output_folder(option: str, folder: str | Path) -> None:
+    """Refuse a folder that ``option`` (``--out``, ``--latex``, ``--site``) names where nothing
+    can be written (a file, a file on its path, a read-only folder), naming the option, before
+    the report writes anything; nothing is made here."""
+    path = Path(folder).expanduser()
+    found = path
+    while not found.exists() and found != found.parent:
+        found = found.parent
+    if not found.is_dir():
+        where = "is a file" if found == path else f"cannot be made: {found} is a file"
+        raise UserError(f"{option} {str(folder)!r} {where}; allowed: a folder, new or existing")
+    if not os.access(found, os.W_OK | os.X_OK):
+        raise UserError(
+            f"{option} {str(folder)!r}: {found} cannot be written to; allowed: a folder you "
+            "can write to"
+        )

@@ -108,3 +108,8 @@ def cpu_kinds(df: pd.DataFrame) -> str:
     if len(named) < len(df):
         text += f" for {len(named):,} of {len(df):,} records; the others name no CPU"
     return text
+
+
+def count(n: int, noun: str) -> str:
+    """``1 trained model``, ``3 trained models``: ``n`` and ``noun``, plural but for one."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

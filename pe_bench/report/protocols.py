@@ -4,7 +4,8 @@ A table's ``setup.protocol`` names how the paper scored (``results/published/REA
 ``PROTOCOL_MODES`` names the run's eval modes that measure the same thing, best first, and the
 comparison reads the first the run has (``protocol_stats``), else the report's own mode with a
 sentence saying they differ. A run's perplexity is per byte with the byte tokenizer, else per
-token of its tokenizer (``perplexity_unit``), which the comparison says beside the paper's.
+token of its tokenizer (``perplexity_unit``), which the comparison says beside the paper's. The
+truncate mode's loss by position (``truncate_positions``) is drawn whatever mode the tables hold.
 """
 
 from __future__ import annotations
@@ -62,6 +63,19 @@ def protocol_stats(
         return (as_rope(ppl, str(df["scheme"].iloc[0])) if pretrained else ppl), frame
 
     return of
+
+
+def truncate_positions(
+    rows: pd.DataFrame, perplexity: pd.DataFrame, schemes: tuple[str, ...]
+) -> pd.DataFrame:
+    """Loss by bucket of positions inside the window with its 95% t-interval over documents
+    (``aggregate.position_intervals``) for the truncate mode's records of ``perplexity`` (the
+    chosen ``schemes``), from the position ``rows`` beside them: the per-position view of the
+    papers' protocol, drawn by the report and the site whatever mode their tables hold;
+    empty without truncate records."""
+    if "truncate" not in set(perplexity["mode"]):
+        return aggregate.position_intervals(pd.DataFrame(), perplexity)
+    return aggregate.position_intervals(rows, aggregate.prepare(perplexity, "truncate", schemes))
 
 
 def perplexity_unit(df: pd.DataFrame) -> str:

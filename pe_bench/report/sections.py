@@ -25,6 +25,7 @@ from pe_bench.report.markdown import (
     SKIPPED,
     SKIPPED_NOTE,
     caption,
+    count,
     cpu_kinds,
     distinct,
     format_value,
@@ -129,12 +130,12 @@ def summary_markdown(
             f"Pretrained {', '.join(dict.fromkeys(runs['model']))} (context L = "
             f"{training_length(df)} tokens), not trained here, evaluated on `"
             f"{shared_value(df, 'corpus')}` with {windows_phrase(opts.mode, lengths, df)} on "
-            f"{len(runs)} disjoint test slices of {shared_count(df, 'tokens')} tokens each (the "
-            "seeds of the tables: their intervals are over slices). A label `model+variant` is "
-            "an eval-time RoPE variant applied to the pretrained model."
+            f"{count(len(runs), 'disjoint test slice')} of {shared_count(df, 'tokens')} tokens "
+            "each (the seeds of the tables: their intervals are over slices). A label "
+            "`model+variant` is an eval-time RoPE variant applied to the pretrained model."
         ) + weights_markdown(df)
     return (
-        f"{len(runs)} trained models ({', '.join(dict.fromkeys(runs['scheme']))}; seeds "
+        f"{count(len(runs), 'trained model')} ({', '.join(dict.fromkeys(runs['scheme']))}; seeds "
         f"{distinct(runs, 'seed')}), trained at L = {training_length(df)} tokens on "
         f"`{shared_value(df, 'corpus')}` and evaluated with {opts.mode} windows of {lengths} "
         f"tokens on the same {shared_count(df, 'tokens')} test tokens at every length. A label "
@@ -219,6 +220,7 @@ def figures_markdown(report: Report, out: Path) -> list[str]:
         "length": f"{title} vs evaluation length",
         "ratio": f"{title} relative to L = {report.options.baseline}",
         "positions": "Loss by position inside the window",
+        "truncate": "Loss by position in documents truncated to the window (papers' protocol)",
         "curves": "Training curves",
     }
     lines = ["## Figures", ""]

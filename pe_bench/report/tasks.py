@@ -30,7 +30,7 @@ from pe_bench.records import TASK_MODE, atomic_write_text
 from pe_bench.report import aggregate, cost, figures, latex, metrics
 from pe_bench.report.best import legend, value_marks
 from pe_bench.report.inputs import Options, Report, commands, report_lock
-from pe_bench.report.markdown import distinct, shared_count, shared_value, write_csv
+from pe_bench.report.markdown import count, distinct, shared_count, shared_value, write_csv
 from pe_bench.report.metrics import spec
 from pe_bench.report.ranking import (
     compare_markdown,
@@ -106,7 +106,6 @@ def build_task_report(
         for task in per_task:
             print(f"\n{task}: exact match (mean over seeds)")
             print(value_markdown(report.tables[f"{task}_exact_match"], "exact_match"))
-        print(f"\nreport: {report.path}")
     return report
 
 
@@ -219,8 +218,8 @@ def task_markdown(root: Path, out: Path, df: pd.DataFrame, report: Report, tasks
         lengths = sorted(df.loc[df["task"] == task, "eval_len"].dropna().astype(int).unique())
         grids.append(f"{task}: L = {train_len}, evaluated at {', '.join(map(str, lengths))}")
     summary = (
-        f"{len(runs)} trained models ({', '.join(dict.fromkeys(runs['scheme']))}; seeds "
-        f"{distinct(runs, 'seed')}) on {len(tasks)} synthetic task{'s' * (len(tasks) > 1)}, "
+        f"{count(len(runs), 'trained model')} ({', '.join(dict.fromkeys(runs['scheme']))}; seeds "
+        f"{distinct(runs, 'seed')}) on {count(len(tasks), 'synthetic task')}, "
         f"each trained on inputs of every length up to its training length L and evaluated on "
         f"{shared_count(df, 'tokens')} instances at each input length (in tokens; "
         f"{'; '.join(grids)})."

@@ -228,13 +228,15 @@ def _finetunes(finetunes: Any) -> dict[str, FinetuneConfig]:
 
 def _run_hash(cfg: DictConfig) -> str:
     """The trained model's identity: architecture, scheme, data and training; how attention is
-    computed is left out (the numbers are the same either way). Each part enters the hash as its
-    config node's str() (its keys in config order, interpolations as written), as every run id
-    so far was made: a change here renames every stored run. The data's tokenizer keys enter
-    only when they are not the byte tokenizer's."""
+    computed is left out (the numbers are the same either way). Each part enters as the text
+    of its config node, ``str()``: its keys in config order, interpolations as written
+    (``${train.seq_len}``, not the value), as every run id so far was made; the four parts by
+    name, sorted (``config_hash`` of the text). A change here renames every stored run. The
+    data's tokenizer keys enter only when they are not the byte tokenizer's."""
     arch = OmegaConf.masked_copy(cfg.model, [k for k in cfg.model if k != "attention"])
     data = OmegaConf.masked_copy(cfg.data, identity_keys(cfg.data))
-    return config_hash({"model": arch, "pe": cfg.pe, "data": data, "train": cfg.train})
+    parts = {"model": arch, "pe": cfg.pe, "data": data, "train": cfg.train}
+    return config_hash({name: str(node) for name, node in parts.items()})
 
 
 def _pretrained_hash(resolved: dict[str, Any]) -> str:

@@ -28,7 +28,6 @@ from typing import Any, Protocol
 
 import torch
 
-from pe_bench.errors import UserError
 from pe_bench.run import tracking
 from pe_bench.run.config import RunConfig
 from pe_bench.run.distributed import World, current_world
@@ -95,7 +94,7 @@ def run(job: Job, out_dir: Path, steps: Steps, sweep: bool = False) -> list[dict
             (out_dir / FAILED).unlink(missing_ok=True)
         try:
             return _run_locked(job, out_dir, steps, world, device)
-        except (UserError, OSError) as err:
+        except Exception as err:  # bad input, a full disk, a plugin's bug: the sweep goes on
             if sweep and world.main:
                 record_failure(out_dir, err)
             raise

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import math
 import os
 from dataclasses import dataclass
 from functools import partial
@@ -23,7 +24,7 @@ import torch
 from omegaconf import DictConfig
 
 from pe_bench.config import config_hash
-from pe_bench.data.corpus import VOCAB_SIZE
+from pe_bench.data.corpus import VOCAB_SIZE, tokens_bound
 from pe_bench.data.tasks import build_task
 from pe_bench.data.tokenizer import BPE, BYTE
 from pe_bench.errors import UserError
@@ -58,8 +59,10 @@ class Finetune:
     run_id: str
 
     def record_fields(self) -> dict[str, Any]:
-        """What a fine-tuned model's records add to (or change in) the trained model's."""
-        return {
+        """What a fine-tuned model's records add to (or change in) the trained model's: the
+        fine-tuning scheme's caveat, where it has one, in place of the trained scheme's."""
+        caveat = {"caveat": self.scheme.caveat} if self.scheme.caveat else {}
+        return caveat | {
             "run_id": self.run_id,
             "finetune": self.key,
             "finetune_pe": self.scheme.name,
@@ -81,15 +84,11 @@ class Plan:
     tasks: list[EvalTask]  # of the trained model: perplexity (or a task's accuracy), then probes
     n_targets: int  # eval targets (a task's instances), the same at every length
     finetunes: list[Finetune]
+    pe_source: str  # the key of the trained scheme's code (``positions.scheme_key``)
 
     @property
     def run_id(self) -> str:
         return f"{self.scheme.name}-{self.cfg.run_hash}"
-
-    @property
-    def pe_source(self) -> str:
-        """The key of the trained scheme's code (``positions.scheme_key``)."""
-        return scheme_key(self.cfg.pe, self.scheme.dims)
 
     @property
     def run_ids(self) -> list[str]:
@@ -159,7 +158,10 @@ def plan(cfg: DictConfig | RunConfig) -> Plan:
     )
     run_id = f"{scheme.name}-{run_cfg.run_hash}"
     finetunes = _finetunes(run_cfg, scheme, lengths, run_id, modes, n_targets)
-    return Plan(run_cfg, scheme, device, tasks, n_targets, finetunes)
+    # keyed now, not when the data is loaded: a scheme whose hooks fail on the key's probe (a
+    # broken plugin) is refused before any job of a sweep starts
+    pe_source = scheme_key(run_cfg.pe, scheme.dims)
+    return Plan(run_cfg, scheme, device, tasks, n_targets, finetunes, pe_source)
 
 
 def with_probes(tasks: list[EvalTask], cfg: RunConfig) -> list[EvalTask]:
@@ -205,10 +207,32 @@ def _check_inputs(cfg: RunConfig) -> torch.device:
             dataclasses.replace(model, vocab_size=cfg.data.vocab_size),
             "data.vocab_size",
         )
+    check_corpus_length(cfg)
     check_step_memory(cfg.train, model, device, "train", vocab)
     for key, ft in cfg.finetunes.items():
         check_step_memory(ft.train_config(cfg.train), model, device, f"finetunes.{key}", vocab)
     return device
+
+
+def check_corpus_length(cfg: RunConfig) -> None:
+    """Refuse a training length the corpus cannot hold a window of (its size from its files,
+    ``corpus.tokens_bound``), before the memory check would suggest a smaller batch."""
+    size = tokens_bound(cfg.data)
+    settings = [("train", cfg.train)]
+    settings += [(f"finetunes.{k}", ft.train_config(cfg.train)) for k, ft in cfg.finetunes.items()]
+    for where, train in settings:
+        if size is not None and train.seq_len + 1 > size:
+            path = cfg.data.path
+            corpus = f"data.path={path!r}" if path else f"data={cfg.data.source}"
+            share = 1 - cfg.data.valid_frac - cfg.data.test_frac
+            least = math.ceil(round((train.seq_len + 2) / share, 6))  # 18 / 0.8999..: 20
+            raise UserError(
+                f"{where}.seq_len={train.seq_len:,} is longer than the corpus: {corpus} holds "
+                f"{size:,} byte{'' if size == 1 else 's'}, at most as many tokens; allowed: a "
+                f"text of at least "
+                f"{least:,} bytes (windows of seq_len + 1 tokens in its train split), or a "
+                "shorter seq_len"
+            )
 
 
 def device_memory(device: torch.device) -> int:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,9 +48,10 @@ BYTES = ByteTokenizer.fingerprint  # the tokenizer of records that name none
 CHECKPOINT = "checkpoint.pt"  # the trained model's; a fine-tune's is checkpoint-<key>.pt
 LOCK = ".lock"  # held (flock) by the run that owns the folder; reports read records only
 FAILED = "error.txt"  # why a sweep's job failed, written and removed under the job's lock
+DONE = ".done"  # the sweeps that ended the job, their progress across processes (run.sweep)
 # Temporary files of this folder's own writes (``atomic_write_text``, ``save_checkpoint``):
 # ".<name>.<random>.tmp", and ".checkpoint.pt.tmp" as older versions named it.
-STRAYS = [f".{name}.*tmp" for name in (RECORDS, POSITIONS, CURVE, "config.yaml")] + [
+STRAYS = [f".{name}.*tmp" for name in (RECORDS, POSITIONS, CURVE, "config.yaml", DONE)] + [
     ".checkpoint*.pt.*tmp"
 ]
 
@@ -86,8 +88,56 @@ def job_lock(folder: Path, take: bool = True, wait: bool = False) -> Iterator[No
 def record_failure(folder: Path, err: BaseException) -> None:
     """Leave ``err`` in ``folder``'s ``error.txt``: the job of a sweep failed, the sweep goes
     on and names it at its end (a run of the job removes it first, under the job's lock)."""
-    message = os_message(err) if isinstance(err, OSError) else str(err)
-    atomic_write_text(folder / FAILED, f"{message}\n")
+    atomic_write_text(folder / FAILED, f"{failure_line(err, folder)}\n")
+
+
+def failure_line(err: BaseException, folder: Path) -> str:
+    """Why a job failed, in one line: bad input as it says it; anything else (a bug, a
+    plugin's) by its type and first line, its traceback in the job's ``cli.log``."""
+    if isinstance(err, UserError):
+        return str(err)
+    if isinstance(err, OSError):
+        return os_message(err)
+    first = (str(err).strip().splitlines() or [""])[0][:300]
+    return f"{type(err).__name__}: {first} (its traceback: {folder / JOB_LOG})"
+
+
+JOB_LOG = "cli.log"  # Hydra's log of a job (hydra.job.name: cli)
+# What a run writes in a job folder before it computes anything: Hydra's files, the lock, the
+# config. A refused run that made the folder removes them (``remove_refused``).
+BEFORE_ANY_RECORD = (".hydra", JOB_LOG, LOCK, "config.yaml")
+
+
+def first_missing(folder: Path) -> Path | None:
+    """The first folder on the way to ``folder`` that does not exist yet (None: it does):
+    what a command that writes into ``folder`` will make."""
+    missing = None
+    for path in [folder, *folder.parents]:
+        if path.exists():
+            return missing
+        missing = path
+    return missing
+
+
+def remove_refused(folder: Path, made: Path | None) -> None:
+    """Remove what a refused run made: in ``folder``, ``BEFORE_ANY_RECORD``, then each folder
+    left empty, up to ``made`` (the first that did not exist before the command; None: it
+    made none). Anything else stays: it is another process's."""
+    if made is None or (folder != made and made not in folder.parents):
+        return
+    for name in BEFORE_ANY_RECORD:
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    for path in [folder, *folder.parents]:
+        try:
+            path.rmdir()
+        except OSError:  # not empty, or gone
+            return
+        if path == made:
+            return
 
 
 class RunStore:
@@ -184,10 +234,11 @@ class RunStore:
         return kept
 
     def _rows(self, name: str, fresh: bool) -> list[dict]:
-        """The rows of file ``name`` (none when starting over)."""
+        """The rows of file ``name`` (none when starting over); its corrupt lines are moved
+        aside by the writer (``records.read_jsonl``)."""
         if fresh or not (self.folder / name).exists():
             return []
-        return read_jsonl(self.folder / name)
+        return read_jsonl(self.folder / name, move_aside=self.writer)
 
     def _remove_strays(self) -> None:
         """Delete the temporary files a killed run of this folder left (the lock is ours)."""

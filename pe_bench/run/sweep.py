@@ -17,11 +17,13 @@ import shlex
 import shutil
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import JobStatus
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -32,12 +34,12 @@ from pe_bench.report.build import build_report
 from pe_bench.report.inputs import Options, report_lock
 from pe_bench.run import tracking
 from pe_bench.run.distributed import rank_from_env
-from pe_bench.run.store import FAILED
+from pe_bench.run.store import DONE, FAILED
 
 log = logging.getLogger("pe_bench")
 
 
-DONE = ".done"  # touched in a job folder when the job ends: sweep progress across processes
+DONE_KEPT = 32  # sweep ids a job folder's DONE marker keeps
 
 
 def sweep_size(config: DictConfig) -> int | None:
@@ -65,9 +67,11 @@ class SweepCallback(Callback):
         self.command = ""  # this sweep's line in COMMANDS
         self.jobs: list[Path] = []  # the job folders this process ran (basic launcher)
         self.unwritten = ""  # why COMMANDS could not be written (the sweep then exits 1)
+        self.sweep_id = ""  # names this sweep in the job folders' DONE markers
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         self.total, self.started = sweep_size(config), time.time()
+        self.sweep_id = uuid.uuid4().hex[:12]  # copied into a parallel launcher's workers
         if rank_from_env() == 0:
             overrides = [*searchpath(config.hydra.overrides.hydra), *config.hydra.overrides.task]
             try:
@@ -92,9 +96,8 @@ class SweepCallback(Callback):
             return
         # Jobs that ended are counted by their markers, not in this object: a parallel launcher
         # (joblib) runs jobs in worker processes, each with its own copy of the callback.
-        (Path(hydra_cfg.runtime.output_dir) / DONE).touch()
-        markers = Path(config.hydra.sweep.dir).rglob(DONE)
-        finished = max(1, sum(m.stat().st_mtime >= self.started for m in markers))
+        mark_done(Path(hydra_cfg.runtime.output_dir), self.sweep_id)
+        finished = max(1, jobs_done(Path(config.hydra.sweep.dir), self.sweep_id))
         elapsed = time.time() - self.started
         eta = ""
         if self.total and self.total > finished:
@@ -104,6 +107,9 @@ class SweepCallback(Callback):
         log.info("sweep: %d%s jobs done in %.1f min%s", finished, of, elapsed / 60, eta)
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        failed = getattr(kwargs.get("job_return"), "status", None) == JobStatus.FAILED
+        if failed:  # Hydra raises the job's error next: a missing report would hide it
+            return
         wanted = config.get("report", True) and rank_from_env() == 0
         if wanted and not write_report(Path(config.hydra.run.dir), config):
             sys.exit(1)
@@ -126,6 +132,27 @@ class SweepCallback(Callback):
             log.error("no %s: %s", COMMANDS, self.unwritten)
         if failed or not reported or self.unwritten:
             sys.exit(1)
+
+
+def mark_done(folder: Path, sweep_id: str) -> None:
+    """Add ``sweep_id`` to ``folder``'s ``DONE`` marker: the sweeps that ended the job, one a
+    line, the last ``DONE_KEPT``."""
+    ids = [i for i in read_marker(folder / DONE) if i != sweep_id][-(DONE_KEPT - 1) :]
+    atomic_write_text(folder / DONE, "".join(f"{i}\n" for i in [*ids, sweep_id]))
+
+
+def jobs_done(sweep_dir: Path, sweep_id: str) -> int:
+    """The jobs under ``sweep_dir`` that the sweep ``sweep_id`` ended (another sweep into the
+    same folder counts its own)."""
+    return sum(sweep_id in read_marker(marker) for marker in sweep_dir.rglob(DONE))
+
+
+def read_marker(path: Path) -> list[str]:
+    """The sweep ids in a ``DONE`` marker (none if it is gone or empty)."""
+    try:
+        return path.read_text().split()
+    except (FileNotFoundError, UnicodeDecodeError):
+        return []
 
 
 def mtime(path: Path) -> float:
@@ -217,6 +244,7 @@ def write_report(root: Path, config: DictConfig) -> bool:
         with report_lock(root, wait=True):
             try:
                 report = build_report(root, options=Options(compare=config.get("compare")))
+                print(f"\n{report.where(root)}", flush=True)
             except UserError as err:
                 log.error("no report: %s", err)
                 remove_stale_report(root)

@@ -30,6 +30,7 @@ from pe_bench.model.gpt import GPT
 from pe_bench.positions import PositionScheme
 from pe_bench.records import atomic_write
 from pe_bench.run.distributed import World
+from pe_bench.run.progress import Progress, log_epochs
 
 log = logging.getLogger(__name__)
 
@@ -118,15 +119,33 @@ def swap_scheme(model: GPT, scheme: PositionScheme) -> PositionScheme:
     return original
 
 
+DEVICES = "auto, cpu, cuda, cuda:<index>, mps"  # what train.device may name
+
+
 def resolve_device(name: str) -> torch.device:
+    """The device ``train.device`` names, refused in one line where it is not there (torch
+    would fail later, in the middle of a run)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError as err:
-        raise UserError(f"train.device={name!r} is not a device; use auto, cpu or cuda") from err
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"train.device={name!r} but no CUDA device is available; use auto or cpu")
+        raise UserError(f"train.device={name!r} is not a device; allowed: {DEVICES}") from err
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            raise UserError(
+                f"train.device={name!r} but no CUDA device is available; use auto or cpu"
+            )
+        if device.index is not None and device.index >= count:
+            raise UserError(
+                f"train.device={name!r} but this machine has {count} CUDA device(s); "
+                f"allowed: cuda:0 to cuda:{count - 1}, auto or cpu"
+            )
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"train.device={name!r} but no MPS device is available; use auto or cpu")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise UserError(f"train.device={name!r}: pe-bench cannot train there; allowed: {DEVICES}")
     return device
 
 
@@ -247,6 +266,12 @@ def fit(
         log.info("%s: resumed at step %d of %d from %s", desc, first_step, cfg.steps, checkpoint)
     start = time.perf_counter()
     bar = _progress_bar(desc, first_step, cfg.steps, world)
+    step_tokens = cfg.batch_size * cfg.seq_len
+    progress = Progress(
+        desc, cfg.steps, step_tokens, first_step, bar.disable is True and world.main
+    )
+    if world.main:
+        log_epochs(desc, corpus, cfg.steps, cfg.batch_size, cfg.seq_len)
     for step in bar:
         loss, lr = training.step(step)
         done = step + 1
@@ -260,6 +285,7 @@ def fit(
             point = training.curve_point(done, loss_value, lr)
             result.curve.append(point)
             bar.set_postfix(loss=f"{loss_value:.3f}")
+            progress.log(done, loss_value)
             if on_log:
                 on_log(point)
         if save_now and world.main:

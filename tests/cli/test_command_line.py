@@ -125,8 +125,14 @@ TRAIN_KEYS = "batch_size, beta1, beta2, ckpt_every, compile, device, grad_clip, 
 # Bad input that only the console script meets: Hydra refuses it while composing, before
 # ``run``, with many lines of its own; ``pe-bench`` says it in one.
 CONSOLE_BAD_INPUT = [
-    (["pe=roep"], f"pe=roep is not an option of pe; allowed: {PE_OPTIONS}"),
-    (["-m", "pe=rope,roep"], "pe=roep is not an option of pe; allowed: alibi,"),
+    (
+        ["pe=roep"],
+        f"pe=roep is not an option of pe (did you mean pe=rope?); allowed: {PE_OPTIONS}",
+    ),
+    (
+        ["-m", "pe=rope,roep"],
+        "pe=roep is not an option of pe (did you mean pe=rope?); allowed: alibi,",
+    ),
     (
         ["train.step=10"],
         f"unknown key train.step (did you mean train.steps?); allowed: {TRAIN_KEYS}",
@@ -135,7 +141,7 @@ CONSOLE_BAD_INPUT = [
     (["logger=mlflow"], "logger=mlflow is not an option of logger; allowed: none, wandb"),
     (
         ["+finetune@finetunes.x=nosuch"],
-        "+finetune@finetunes.x=nosuch is not an option of finetune; allowed: ft, pi",
+        "+finetune@finetunes.x=nosuch is not an option of finetune; allowed: drope, ft, pi",
     ),
     (["experiment=nosuch"], "experiment=nosuch is not an option of experiment; allowed: alibi_"),
     (["+modle=smoke"], "unknown key modle (did you mean model?); allowed: compare, data,"),

@@ -21,7 +21,6 @@ from pe_bench.errors import UserError
 from pe_bench.positions import register
 from pe_bench.positions.rotary import RoPE
 from pe_bench.pretrained import key, load, rope
-from pe_bench.pretrained.evaluate import code_hash
 from pe_bench.records import RECORDS, read_jsonl
 from pe_bench.report.build import build_report
 from pe_bench.run.config import ROPE_IMPLS, PretrainedConfig, RunConfig
@@ -305,38 +304,3 @@ def test_the_weights_key_is_the_files_bytes_or_the_hub_commit(tmp_path, monkeypa
     hub = type("Config", (), {"_commit_hash": "abc123"})()
     monkeypatch.setattr(load, "load_config", lambda cfg: hub)
     assert key.weights_key(PretrainedConfig(name="org/model", revision="v1")) == "commit:abc123"
-
-
-DECODE = '''
-import re
-
-
-def first_integer(text):
-    """{doc}"""
-    found = re.search({pattern!r}, text)  # the first run of digits
-    return int(found.group()) if found else None
-'''
-
-
-@pytest.mark.slow
-def test_the_pretrained_key_covers_the_code_that_makes_the_numbers_not_its_docstrings(
-    tmp_path, monkeypatch
-):
-    """Records of ``model=hf`` are kept under the key of the functions that apply a variant and
-    run the passkey test (``pretrained.key``): every one of them is found, a reworded or moved
-    function keeps the key, an edited one changes it."""
-    from pe_bench.pretrained import key, passkey, windowed
-
-    assert code_hash() == key.pretrained_key()
-    found = key.named(rope, key.APPLY) | key.named(passkey, key.PASSKEY)
-    found |= key.named(windowed, key.WINDOWED)
-    assert all(obj is not None for obj in found.values())
-    monkeypatch.syspath_prepend(str(tmp_path))
-    versions = [("The first integer.", r"\d+"), ("Reworded.", r"\d+"), ("The first.", r"\d\d*")]
-    keys = []
-    for i, (doc, pattern) in enumerate(versions):
-        (tmp_path / f"decode_{i}.py").write_text(DECODE.format(doc=doc, pattern=pattern))
-        module = __import__(f"decode_{i}")
-        keys.append(key.code_key({**found, "first_integer": module.first_integer}))
-    assert keys[0] == keys[1] != keys[2]
-    assert key.code_key(found) == key.pretrained_key()

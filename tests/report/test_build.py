@@ -17,6 +17,7 @@ from pe_bench.cli.report import main as report_main
 from pe_bench.records import write_jsonl
 from pe_bench.report import aggregate, figures
 from pe_bench.report.build import build_report
+from pe_bench.report.inputs import Options
 from pe_bench.report.sections import score_markdown
 from tests.helpers import (
     CLASSIC,
@@ -25,6 +26,7 @@ from tests.helpers import (
     read_rows,
     record,
     three_seeds,
+    truncate_runs,
     write_runs,
 )
 
@@ -362,3 +364,25 @@ def test_score_table_is_best_first_and_ties_at_the_shown_digits_share_a_rank():
     lines = score_markdown(scores.reset_index()).splitlines()[2:]
     cells = [[cell.strip() for cell in line.split("|")[1:3]] for line in lines]
     assert cells == [["=1", "rope"], ["=1", "xpos"], ["3", "alibi"], ["4", "nope"]]
+
+
+@pytest.mark.slow  # two reports' figures: about 10 s
+def test_the_truncate_modes_loss_by_position_is_drawn_whatever_mode_the_tables_hold(tmp_path):
+    """Tables of nonoverlap: the truncate mode's loss by position (intervals over documents)
+    is a figure of its own beside theirs; tables of truncate: their own position figure has
+    the intervals, and there is no second one."""
+    truncate_runs(tmp_path)
+    report = build_report(tmp_path, echo=False)
+    drawn = pd.read_csv(tmp_path / "figures" / "position_loss_truncate.csv")
+    pd.testing.assert_frame_equal(drawn, report.positions, check_dtype=False)
+    assert set(drawn["windows"]) == {4} and (drawn["ci_low"] < drawn["ci_high"]).all()
+    text = (tmp_path / "report.md").read_text()
+    assert "![Loss by position in documents truncated to the window (papers' protocol)]" in text
+    assert "(figures/position_loss_truncate.png)" in text
+    assert (tmp_path / "figures" / "position_loss_truncate.pdf").is_file()
+    out = tmp_path / "truncate"
+    build_report(tmp_path, out, Options(mode="truncate"), echo=False)
+    assert not (out / "figures" / "position_loss_truncate.png").exists()
+    bands = pd.read_csv(out / "figures" / "position_loss_windows.csv")
+    pd.testing.assert_frame_equal(bands, drawn, check_dtype=False)
+    assert "(figures/position_loss.png)" in (out / "report.md").read_text()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import random
 import re
@@ -92,13 +93,14 @@ def test_mixed_protocols_are_one_line_error(tmp_path, capsys):
     assert err.count("\n") == 1
 
 
-def test_corrupt_line_is_skipped_with_file_and_line(tmp_path):
+def test_corrupt_line_is_skipped_with_file_and_line(tmp_path, caplog):
     write_runs(tmp_path, three_seeds())
     path = tmp_path / "rope-0" / "records.jsonl"
     good = path.read_text().splitlines()
     path.write_text("\n".join([good[0], '{"run_id": "rope-0", "sch', good[1]]) + "\n")
-    with pytest.warns(UserWarning, match=r"rope-0/records.jsonl:2: corrupt line skipped"):
+    with caplog.at_level(logging.WARNING, logger="pe_bench"):
         rep = build_report(tmp_path, echo=False)
+    assert "rope-0/records.jsonl:2: corrupt line skipped" in caplog.text
     assert rep.tables["nll"]["n"].tolist() == [1, 1, 3, 3]
 
 

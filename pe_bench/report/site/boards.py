@@ -196,16 +196,24 @@ def board_panels(board: Board, info: dict[str, Label], landmarks: tuple[str, ...
             board.log,
             bounds,
         )
-        legend = "".join(
-            f'<li data-label="{e(lab)}"><span class="sw" style="background:{style[lab].color}">'
-            f"</span>{e(lab)}</li>"
-            for lab in members
-        )
-        figures_html.append(
-            f'<figure class="panel"><figcaption>{e(name)}</figcaption>{picture}'
-            f'<ul class="legend">{legend}</ul></figure>'
-        )
+        figures_html.append(panel_figure(name, picture, members, style))
     return '<div class="panels">' + "\n".join(figures_html) + "</div>"
+
+
+def panel_figure(
+    name: str, picture: str, members: list[str], style: dict[str, figures.Style]
+) -> str:
+    """A curve panel as the site shows it: its caption, the ``<svg>`` and a legend under it
+    (filtered and hovered by label, ``site.js``)."""
+    legend = "".join(
+        f'<li data-label="{e(lab)}"><span class="sw" style="background:{style[lab].color}">'
+        f"</span>{e(lab)}</li>"
+        for lab in members
+    )
+    return (
+        f'<figure class="panel"><figcaption>{e(name)}</figcaption>{picture}'
+        f'<ul class="legend">{legend}</ul></figure>'
+    )
 
 
 def series(

@@ -13,7 +13,7 @@ from pe_bench.records import atomic_write_bytes, atomic_write_text
 from pe_bench.report import aggregate, cost
 from pe_bench.report.best import score_marks
 from pe_bench.report.figures import LANDMARKS
-from pe_bench.report.inputs import Report, commands
+from pe_bench.report.inputs import Report, check_output_folder, commands
 from pe_bench.report.markdown import caption
 from pe_bench.report.metrics import spec
 from pe_bench.report.passkey import accuracy_table, passkey_rows
@@ -42,6 +42,7 @@ from pe_bench.report.site.html import (
     section,
     table,
 )
+from pe_bench.report.site.positions import position_section
 from pe_bench.report.site.tasks import mrr_table, task_boards, task_sections
 from pe_bench.report.site.tasks import summary as task_summary
 from pe_bench.report.tasks import provenance as task_provenance
@@ -108,6 +109,7 @@ def perplexity_index(
                 "cost",
                 *(["passkey"] if passkey_present(report) else []),
                 *(["ruler"] if ruler_board(report) is not None else []),
+                *(["positions"] if not report.positions.empty else []),
                 "schemes",
                 "about",
             ]
@@ -127,7 +129,7 @@ def perplexity_index(
         cost_section(report, info),
     ]
     parts += retrieval_sections(report, info, boards_)
-    parts += [scheme_list(info), about(report, root)]
+    parts += [position_section(report.positions, train_len), scheme_list(info), about(report, root)]
     return "\n".join(parts), boards_
 
 
@@ -348,16 +350,26 @@ def ladder_index(report: Report, name: str, info: dict[str, Label], root: Path) 
     return "\n".join(parts)
 
 
-def prepare(out: Path, keep: set[str]) -> None:
-    """Make ``out`` ready for the site: a new or empty folder, or an earlier pe-bench site
-    (its scheme pages that this one does not write are removed); anything else is refused."""
+def check_site_folder(out: Path) -> None:
+    """Refuse ``out`` unless it is a new or empty folder or holds an earlier pe-bench site
+    (which a new one replaces): checked before a report writes anything."""
+    check_output_folder("--site", out)
     if not out.exists() or not any(out.iterdir()):
         return
     index = out / "index.html"
     if not index.is_file() or f'content="{GENERATOR}"' not in index.read_text(errors="replace"):
         raise UserError(
-            f"{out} is not empty and holds no pe-bench site; give --site a new or empty folder"
+            f"--site {str(out)!r} is not empty and holds no pe-bench site; allowed: a new or "
+            "empty folder, or an earlier pe-bench site"
         )
+
+
+def prepare(out: Path, keep: set[str]) -> None:
+    """Make ``out`` ready for the site (``check_site_folder``): an earlier site's scheme pages
+    that this one does not write are removed."""
+    check_site_folder(out)
+    if not out.exists():
+        return
     for stale in sorted((out / "schemes").glob("*.html")):
         if f"schemes/{stale.name}" not in keep:
             stale.unlink()

@@ -7,7 +7,7 @@ import pandas as pd
 
 from pe_bench.data.tasks import TASKS
 from pe_bench.report.inputs import Report
-from pe_bench.report.markdown import distinct
+from pe_bench.report.markdown import count, distinct
 from pe_bench.report.metrics import spec
 from pe_bench.report.ranking import headlines
 from pe_bench.report.site.boards import Board, Label, board_panels, board_table, metric_board
@@ -73,8 +73,8 @@ def summary(report: Report) -> str:
     df = report.frame
     runs = df.drop_duplicates("run_id")
     return (
-        f"{len(runs)} trained models ({', '.join(dict.fromkeys(runs['scheme']))}; seeds "
-        f"{distinct(runs, 'seed')}) on {len(report.tasks)} synthetic tasks "
+        f"{count(len(runs), 'trained model')} ({', '.join(dict.fromkeys(runs['scheme']))}; seeds "
+        f"{distinct(runs, 'seed')}) on {count(len(report.tasks), 'synthetic task')} "
         f"({', '.join(report.tasks)}), each trained on inputs up to its training length and "
         "scored on the same instances at every input length. Exact match: the share of "
         "instances whose every answer token (and end of answer, where it has one) is the top "

@@ -1,0 +1,111 @@
+"""Every console script ends Ctrl-C with one line (status 130) and refuses a bad
+OMP_NUM_THREADS in one line (issue 37, items 4 and 8; issue 41: pe-bench-place's Ctrl-C was a
+30-line traceback), and a run interrupted anywhere resumes (experiments/kill_anywhere.py
+interrupts it at random moments)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pe_bench.cli import check, place, report
+from pe_bench.cli.console import INTERRUPTED, console
+from tests.helpers import TINY, overridden
+
+
+def interrupt(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("value", ["0", "abc", "", "-2"])
+def test_a_bad_omp_num_threads_is_one_line(value, monkeypatch, capsys):
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    with pytest.raises(SystemExit) as done, console("pe-bench"):
+        pass
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"pe-bench: error: OMP_NUM_THREADS={value!r} is not a number of threads; allowed: a "
+        "whole number >= 1, e.g. OMP_NUM_THREADS=2, or unset (every core)\n"
+    )
+
+
+@pytest.mark.parametrize("value", ["1", "2", "4,2"])
+def test_a_number_of_threads_is_allowed(value, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    with console("pe-bench"):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("script", "argv", "target"),
+    [
+        (report, ["results/quick"], "build_report"),
+        (check, ["rope", "--no-cost"], "check_scheme"),
+        (place, ["my_pe", "--plugin", "my_pe"], "place"),
+    ],
+    ids=["report", "check", "place"],
+)
+def test_ctrl_c_is_one_line_with_status_130(script, argv, target, monkeypatch, capsys):
+    monkeypatch.setattr(script, target, interrupt)
+    with pytest.raises(SystemExit) as done:
+        script.main(argv)
+    assert done.value.code == INTERRUPTED
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ": interrupted; " in err and "Traceback" not in err
+
+
+def test_place_ends_silently_with_its_sweep_s_interruption(monkeypatch, capsys):
+    """Ctrl-C reaches the sweep pe-bench-place runs too: the sweep says it, not both."""
+
+    class Sweep:
+        calls = 0
+
+        def __init__(self, args):
+            pass
+
+        def wait(self):
+            Sweep.calls += 1
+            if Sweep.calls == 1:
+                raise KeyboardInterrupt
+            return INTERRUPTED
+
+    monkeypatch.setattr(place.subprocess, "Popen", Sweep)
+    with pytest.raises(SystemExit) as done:
+        place.run_sweep(["pe-bench"])
+    assert done.value.code == INTERRUPTED and capsys.readouterr().err == ""
+
+
+def wait_for(proc: subprocess.Popen, log, text: str, timeout: float = 300) -> None:
+    start = time.time()
+    while text not in log.read_text():
+        assert proc.poll() is None, log.read_text()[-3000:]
+        assert time.time() - start < timeout, log.read_text()[-3000:]
+        time.sleep(0.2)
+
+
+@pytest.mark.slow  # a run started, interrupted in training, and rerun
+def test_ctrl_c_in_training_is_one_line_and_the_rerun_resumes(tmp_path):
+    args = overridden(*TINY, "train.steps=400", "train.ckpt_every=20", "train.log_every=20")
+    command = [sys.executable, "-m", "pe_bench.cli", *args, f"out_root={tmp_path}"]
+    log = tmp_path / "log.txt"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        wait_for(proc, log, ": step 40/400")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == INTERRUPTED
+    text = log.read_text()
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text
+    assert text.splitlines()[-1] == (
+        "pe-bench: interrupted; rerun the same command to resume (finished records and "
+        "checkpoints are kept)"
+    )
+    rerun = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "resumed at step" in rerun.stdout + rerun.stderr

@@ -29,10 +29,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from pe_bench.errors import UserError
 from pe_bench.report import metrics
+from pe_bench.stats import log_buckets, t_interval
 
 # What "one protocol" means: records compared in one report must share these fields, because
 # a difference in any of them (other data, other eval tokens, another training length, model
@@ -115,19 +115,6 @@ def label_order(df: pd.DataFrame) -> list[str]:
     keys = df[["label", "scheme", "variant"]].assign(finetune=finetunes(df)).drop_duplicates()
     rows = sorted(keys.itertuples(), key=lambda r: order_key(r.scheme, r.variant, r.finetune))
     return [row.label for row in rows]
-
-
-def t_interval(values: Iterable[float]) -> tuple[int, float, float, float]:
-    """(n, mean, low, high): the 95% t-interval of the finite values; NaN bounds when n < 2."""
-    v = np.asarray([x for x in values if math.isfinite(x)], dtype=float)
-    n = len(v)
-    if n == 0:
-        return 0, math.nan, math.nan, math.nan
-    mean = float(v.mean())
-    if n == 1:
-        return 1, mean, math.nan, math.nan
-    half = float(stats.t.ppf(0.975, n - 1) * v.std(ddof=1) / math.sqrt(n))
-    return n, mean, mean - half, mean + half
 
 
 def prepare(df: pd.DataFrame, mode: str | None = None, schemes: Iterable[str] = ()) -> pd.DataFrame:
@@ -340,14 +327,6 @@ def caveats(df: pd.DataFrame) -> dict[str, str]:
     return {lab: found[lab] for lab in label_order(df) if found.get(lab)}
 
 
-def log_buckets(length: int, per_octave: int = 4) -> np.ndarray:
-    """Edges of log-spaced buckets of window positions 1..length, bucket i = [e_i, e_i+1).
-    Edges fall on powers of two, so a power-of-two training length starts a bucket."""
-    k = np.arange(math.ceil(per_octave * math.log2(length)) + 1)
-    edges = np.round(2.0 ** (k / per_octave)).astype(int)
-    return np.unique(np.append(edges[edges <= length], length + 1))
-
-
 def position_loss(positions: pd.DataFrame, df: pd.DataFrame, per_octave: int = 4) -> pd.DataFrame:
     """Mean loss by position inside the window, per (label, eval length), for the runs of
     ``df``: averaged over runs, then over log-spaced buckets of positions (1 = the first token
@@ -474,14 +453,3 @@ def first_ranks(cells: pd.Series, order: list[str]) -> pd.Series:
     frame = frame.sort_values(["task", "seed", "value", "position"], ascending=[1, 1, 0, 1])
     frame["rank"] = frame.groupby(["task", "seed"]).cumcount() + 1.0
     return frame.set_index(["task", "seed", "label"])["rank"].reindex(cells.index)
-
-
-Z95 = 1.959963984540054  # the 97.5% normal quantile
-
-
-def wilson(hits: int, n: int) -> tuple[float, float]:
-    """95% Wilson score interval of a proportion ``hits / n`` (never outside [0, 1])."""
-    p = hits / n
-    centre = (p + Z95**2 / (2 * n)) / (1 + Z95**2 / n)
-    half = Z95 * math.sqrt(p * (1 - p) / n + Z95**2 / (4 * n * n)) / (1 + Z95**2 / n)
-    return max(0.0, centre - half), min(1.0, centre + half)

@@ -56,6 +56,7 @@ from pe_bench.report import (
     rungs,
 )
 from pe_bench.report.best import legend, score_marks, value_marks
+from pe_bench.report.comparison import comparison_latex, comparison_markdown
 from pe_bench.report.inputs import (
     Options,
     Report,
@@ -71,8 +72,6 @@ from pe_bench.report.metrics import spec
 from pe_bench.report.passkey import section as passkey_section
 from pe_bench.report.ruler import section as ruler_section
 from pe_bench.report.sections import (
-    comparison_latex,
-    comparison_markdown,
     diverged_markdown,
     diverged_note,
     figures_markdown,

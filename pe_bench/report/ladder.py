@@ -35,6 +35,7 @@ from pe_bench.report.inputs import Options, Report, commands, report_lock
 from pe_bench.report.markdown import cpu_kinds, markdown_table, write_csv
 from pe_bench.report.rungs import RungResult, analyse, split_rungs
 from pe_bench.report.sections import value_markdown
+from pe_bench.stats import t_interval
 
 FAR = 16  # the eval factor the ladder compares at (16x the rung's training length)
 
@@ -53,8 +54,8 @@ def far_table(results: list[RungResult]) -> pd.DataFrame:
             if lab not in wide.index.get_level_values("label"):
                 continue
             seeds = wide.loc[lab]
-            n, *diff = aggregate.t_interval(seeds[far] - seeds[near])
-            _, *nll = aggregate.t_interval(seeds[far])
+            n, *diff = t_interval(seeds[far] - seeds[near])
+            _, *nll = t_interval(seeds[far])
             ratio = [math.exp(x) if math.isfinite(x) else math.nan for x in diff]
             rows.append([lab, res.rung.name, res.rung.params, res.rung.train_len, n, *ratio, *nll])
     columns = ["label", "rung", "params", "train_len", "n", "ratio", "ratio_low", "ratio_high"]

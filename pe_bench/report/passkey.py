@@ -12,8 +12,8 @@ from matplotlib.figure import Figure
 
 from pe_bench.records import PASSKEY_MODE, atomic_write_text
 from pe_bench.report import aggregate, figures, latex
-from pe_bench.report.aggregate import wilson
 from pe_bench.report.markdown import markdown_table, write_csv
+from pe_bench.stats import wilson
 
 
 def passkey_rows(records: pd.DataFrame) -> pd.DataFrame:

@@ -160,7 +160,8 @@ def build_ladder(
         "scale_separated": separation_table(results),
         "scale_claims": claims.claim_table(results),
     }
-    report = Report(out / "report.md", options, tables=tables, frame=records, records=records)
+    prepared = pd.concat([r.frame for r in results])  # labelled, as the site reads them
+    report = Report(out / "report.md", options, tables=tables, frame=prepared, records=records)
     with report_lock(out):
         for name, table in tables.items():
             keep_index = name != "scale_far"
@@ -199,7 +200,7 @@ def _axis_title(rungs: list[RungResult], x: str) -> str:
     return f"Training length at d_model = {r.d_model}, {r.num_layers} layers"
 
 
-def _interval(mean: float, low: float, high: float, fmt: str) -> str:
+def interval(mean: float, low: float, high: float, fmt: str) -> str:
     if not math.isfinite(mean):
         return "–"
     text = fmt.format(mean)
@@ -217,7 +218,7 @@ def far_markdown(far: pd.DataFrame, results: list[RungResult], column: str, fmt:
                 row.append("–")
                 continue
             c = by_rung.loc[name]
-            row.append(_interval(c[column], c[f"{column}_low"], c[f"{column}_high"], fmt))
+            row.append(interval(c[column], c[f"{column}_low"], c[f"{column}_high"], fmt))
         rows.append(row)
     return markdown_table(["scheme", *names], rows, "l" + "r" * len(names))
 

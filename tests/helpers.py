@@ -24,6 +24,7 @@ from pe_bench.cli.report import main as report_main
 from pe_bench.model.gpt import GPT, ModelConfig, build_model
 from pe_bench.records import POSITIONS, write_jsonl
 from pe_bench.report import aggregate
+from pe_bench.stats import log_buckets
 
 # Every trainable scheme, and the eval-time variants with the scheme they apply to.
 ROOT = Path(__file__).parents[1]  # the repository
@@ -55,6 +56,8 @@ TRAINABLE = [
     "fope",
     "bipe",
     "cable",
+    "path",
+    "nope_temp",
 ]
 VARIANTS = [
     "pi",
@@ -159,6 +162,8 @@ NOT_RELATIVE = [
     "fope",
     "bipe",
     "cable",
+    "path",
+    "nope_temp",
 ]
 
 
@@ -362,7 +367,7 @@ def read_rows(path: Path) -> list[dict]:
 def truncate_runs(folder: Path) -> list[dict]:
     """Two seeds of rope and alibi with nonoverlap records and truncate ones at 16 and 32,
     written under ``folder`` with the truncate mode's position rows: each run's 2 documents'
-    loss by bucket of positions (``aggregate.log_buckets``), ``window_loss`` = 2 + 0.5 (alibi)
+    loss by bucket of positions (``stats.log_buckets``), ``window_loss`` = 2 + 0.5 (alibi)
     + 0.1 x seed + 0.2 x document - 0.01 x bucket. Returns the position rows."""
     rows, positions = [], []
     for scheme in ("rope", "alibi"):
@@ -370,7 +375,7 @@ def truncate_runs(folder: Path) -> list[dict]:
             for length in (16, 32):
                 rows.append(record(scheme, seed, length, 1.0 + seed))
                 rows.append(record(scheme, seed, length, 2.0, mode="truncate", stride=length))
-                buckets = len(aggregate.log_buckets(length)) - 1
+                buckets = len(log_buckets(length)) - 1
                 base = 2 + 0.5 * (scheme == "alibi") + 0.1 * seed
                 windows = [[base + 0.2 * d - 0.01 * b for b in range(buckets)] for d in (0, 1)]
                 loss = [2.0] * (length - 1) + [None]

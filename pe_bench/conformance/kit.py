@@ -42,6 +42,10 @@ every term to count, e.g. zero-initialised tables) and verify:
 - ``attend``: where a scheme computes the attention itself from the layer's input, it gives
   ``[b, n_h, s, h_d]`` in v's dtype, finite, and the first t rows of a window are those of its
   first t tokens attended alone (at 3x training and at an odd length past 4x);
+- ``calibration``: where a scheme fits something on held-out text before evaluation
+  (``calibrate``), it returns a line for the records, changes no parameter of the model, does
+  not raise the held-out loss it fits, keeps a length calibrated before when another is, is
+  deterministic and leaves the model causal;
 - ``content_bias``: a bias declared content-free does not change with q and k (a fast path may
   cache it), and has no batch dimension;
 - ``shared_bias``: a bias declared shared (``shared_bias = True``) is the same in every layer,
@@ -69,6 +73,7 @@ from typing import Any
 import torch
 
 from pe_bench.conformance.attend import check_attend
+from pe_bench.conformance.calibrate import check_calibration
 from pe_bench.conformance.checks import (
     check_build,
     check_causality,
@@ -154,6 +159,7 @@ CHECKS: dict[str, Callable[[Setup], str]] = {
     "logit_hooks": check_logit_hooks,
     "attention_mask": check_attention_mask,
     "attend": check_attend,
+    "calibration": check_calibration,
     "content_bias": check_content_bias,
     "shared_bias": check_shared_bias,
     "score_mod": check_score_mod,

@@ -25,9 +25,11 @@ from pe_bench.positions import (  # noqa: F401  (importing registers the built-i
     bias,
     bilevel,
     contextual,
+    dropped,
     fire,
     fourier,
     gates,
+    householder,
     logits,
     long_context,
     polar,
@@ -36,6 +38,7 @@ from pe_bench.positions import (  # noqa: F401  (importing registers the built-i
     rerope,
     rotary,
     rotary_zoo,
+    temperature,
 )
 from pe_bench.positions.base import ModelDims, PositionScheme, register, registered
 from pe_bench.positions.fingerprint import class_key

@@ -96,6 +96,15 @@ class PositionScheme(nn.Module):
       the model calls none of the hooks above for the logits, and every other scheme keeps its
       fused path.
 
+    And one step runs before evaluation rather than in the forward pass:
+
+    - ``calibrate(held_out, seq_len)``: fit what the scheme sets at evaluation for windows of
+      ``seq_len`` tokens (a per-head temperature searched on held-out text), from
+      ``held_out()``, the model's mean next-token loss on ``calibration_tokens`` tokens of the
+      validation split (never the test split) in windows of ``seq_len``. The evaluation calls
+      it once per evaluation length before scoring, only for schemes that override it
+      (``has_calibration``).
+
     A scheme whose ``score_bias`` is a fast path also defines ``score_bias_reference`` with
     the same signature: the formula written out, which the conformance kit
     (``pe_bench.conformance.kit``) holds equal to the fast path on every unmasked entry.
@@ -120,6 +129,7 @@ class PositionScheme(nn.Module):
             checkpoint they are evaluated on.
         shared_bias: ``score_bias`` ignores q, k and layer (ALiBi, T5, KERPLE, ...): the model
             builds the masked bias once per forward pass and shares it across layers.
+        calibration_tokens: held-out tokens ``calibrate``'s loss reads at each length.
         eval_draws: how many draws of its positions an evaluation averages, for a scheme
             whose evaluation positions are random (randomized positions); 1 for the others.
             Before each draw the evaluation calls ``seed_eval_positions(draw)``.
@@ -149,6 +159,7 @@ class PositionScheme(nn.Module):
     # ``build_scheme`` checks them with the options' types before the constructor runs.
     option_ranges: ClassVar[dict[str, Range]] = {}
     eval_draws: int = 1
+    calibration_tokens: int = 8192
 
     def __init__(self, dims: ModelDims) -> None:
         super().__init__()
@@ -202,6 +213,12 @@ class PositionScheme(nn.Module):
         """True when the scheme computes the attention itself (``attend``), from the layer's
         input: the model then calls ``attend`` in place of every attention path."""
         return type(self).attend is not PositionScheme.attend
+
+    @property
+    def has_calibration(self) -> bool:
+        """True when the scheme fits something on held-out text before evaluation
+        (``calibrate``)."""
+        return type(self).calibrate is not PositionScheme.calibrate
 
     @property
     def has_key_bias(self) -> bool:
@@ -360,6 +377,17 @@ class PositionScheme(nn.Module):
         term of q and k (PaTH reads x to transform the keys between every pair of tokens):
         the model then calls it in place of every fused path (``has_own_attention``)."""
         raise NotImplementedError(f"scheme {self.name!r} does not compute its own attention")
+
+    def calibrate(self, held_out: Callable[[], Tensor], seq_len: int) -> str:
+        """Fit what the scheme sets at evaluation for windows of ``seq_len`` tokens, before
+        any is scored, and keep it for them: ``held_out()`` is the model's mean next-token
+        loss (nats, a scalar with gradients to the scheme's tensors) on ``calibration_tokens``
+        tokens of held-out text, the validation split (never the test split), in windows of
+        ``seq_len``, through the scheme as it stands. Fit tensors of the scheme's own, out of
+        its state dict: no parameter of the model changes. Returns one line for the records
+        (what was fitted). Called in eval mode, once per evaluation length, only for schemes
+        that override it (``has_calibration``)."""
+        raise NotImplementedError(f"scheme {self.name!r} has nothing to calibrate")
 
     # ---- finer hooks composed by transform_qk --------------------------------------------
 

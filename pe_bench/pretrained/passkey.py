@@ -43,10 +43,10 @@ from pe_bench.config import config_hash
 from pe_bench.errors import UserError
 from pe_bench.pretrained.rope import RopeSpec, Variant, rope_variant
 from pe_bench.records import PASSKEY_MODE
-from pe_bench.report.aggregate import wilson
 from pe_bench.run.config import PasskeyConfig
 from pe_bench.run.evaluate import OUT_OF_MEMORY, EvalTask, is_out_of_memory
 from pe_bench.run.train import autocast
+from pe_bench.stats import wilson
 
 log = logging.getLogger(__name__)
 

@@ -47,10 +47,10 @@ from pe_bench.pretrained import ruler
 from pe_bench.pretrained.passkey import cache_keyword
 from pe_bench.pretrained.rope import RopeSpec, Variant, rope_variant, uses_hf
 from pe_bench.records import RULER_MODE
-from pe_bench.report.aggregate import wilson
 from pe_bench.run.config import RulerConfig
 from pe_bench.run.evaluate import OUT_OF_MEMORY, EvalTask, is_out_of_memory
 from pe_bench.run.train import autocast
+from pe_bench.stats import wilson
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ measure, and why a number here is set beside theirs (``--compare``); the tail mo
 (``pretrained.tail``) measures the model deep in a long context instead.
 
 The per-position loss of every window is kept, in the report's log-spaced buckets of
-positions (``aggregate.log_buckets``), so the report draws loss by position with intervals
+positions (``stats.log_buckets``), so the report draws loss by position with intervals
 over documents.
 """
 
@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pe_bench.report.aggregate import log_buckets
 from pe_bench.run.evaluate import EvalResult
 from pe_bench.run.train import autocast
+from pe_bench.stats import log_buckets
 
 
 def windows(ids: Tensor, documents: int, doc_len: int, length: int, bos: int | None) -> Tensor:

@@ -29,10 +29,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from pe_bench.errors import UserError
 from pe_bench.report import metrics
+from pe_bench.stats import log_buckets, t_interval
 
 # What "one protocol" means: records compared in one report must share these fields, because
 # a difference in any of them (other data, other eval tokens, another training length, model
@@ -115,19 +115,6 @@ def label_order(df: pd.DataFrame) -> list[str]:
     keys = df[["label", "scheme", "variant"]].assign(finetune=finetunes(df)).drop_duplicates()
     rows = sorted(keys.itertuples(), key=lambda r: order_key(r.scheme, r.variant, r.finetune))
     return [row.label for row in rows]
-
-
-def t_interval(values: Iterable[float]) -> tuple[int, float, float, float]:
-    """(n, mean, low, high): the 95% t-interval of the finite values; NaN bounds when n < 2."""
-    v = np.asarray([x for x in values if math.isfinite(x)], dtype=float)
-    n = len(v)
-    if n == 0:
-        return 0, math.nan, math.nan, math.nan
-    mean = float(v.mean())
-    if n == 1:
-        return 1, mean, math.nan, math.nan
-    half = float(stats.t.ppf(0.975, n - 1) * v.std(ddof=1) / math.sqrt(n))
-    return n, mean, mean - half, mean + half
 
 
 def prepare(df: pd.DataFrame, mode: str | None = None, schemes: Iterable[str] = ()) -> pd.DataFrame:
@@ -340,19 +327,13 @@ def caveats(df: pd.DataFrame) -> dict[str, str]:
     return {lab: found[lab] for lab in label_order(df) if found.get(lab)}
 
 
-def log_buckets(length: int, per_octave: int = 4) -> np.ndarray:
-    """Edges of log-spaced buckets of window positions 1..length, bucket i = [e_i, e_i+1).
-    Edges fall on powers of two, so a power-of-two training length starts a bucket."""
-    k = np.arange(math.ceil(per_octave * math.log2(length)) + 1)
-    edges = np.round(2.0 ** (k / per_octave)).astype(int)
-    return np.unique(np.append(edges[edges <= length], length + 1))
-
-
 def position_loss(positions: pd.DataFrame, df: pd.DataFrame, per_octave: int = 4) -> pd.DataFrame:
     """Mean loss by position inside the window, per (label, eval length), for the runs of
-    ``df``: averaged over runs, then over log-spaced buckets of positions (1 = the first token
-    of a window). Columns: label, eval_len, position (mean position of the bucket), loss."""
-    columns = ["label", "eval_len", "position", "loss"]
+    ``df``: each run's loss averaged over log-spaced buckets of positions (1 = the first token
+    of a window), then the mean over runs with its 95% t-interval (the seeds' spread; NaN
+    bounds for one run). Columns: label, eval_len, position (mean position of the bucket), n,
+    loss, ci_low, ci_high."""
+    columns = ["label", "eval_len", "position", "n", "loss", "ci_low", "ci_high"]
     if positions.empty:
         return pd.DataFrame(columns=columns)
     keys = ["run_id", "variant", "eval_len", "mode"]
@@ -364,16 +345,15 @@ def position_loss(positions: pd.DataFrame, df: pd.DataFrame, per_octave: int = 4
         for length, cell in positions[positions["label"] == lab].groupby("eval_len"):
             # [runs, positions]; an offset that no target was scored at is null (sliding mode)
             loss = np.array([[np.nan if x is None else x for x in run] for run in cell["loss"]])
-            scored = np.isfinite(loss)
-            counts = scored.sum(axis=0)
-            mean = np.where(scored, loss, 0).sum(axis=0) / np.maximum(counts, 1)
-            mean[counts == 0] = np.nan
-            edges = log_buckets(int(length), per_octave)
-            for lo, hi in itertools.pairwise(edges):
-                at = np.arange(lo, hi)
-                ok = np.isfinite(mean[at - 1])
-                if ok.any():
-                    rows.append([lab, int(length), at[ok].mean(), mean[at - 1][ok].mean()])
+            for lo, hi in itertools.pairwise(log_buckets(int(length), per_octave)):
+                block = loss[:, lo - 1 : hi - 1]  # [runs, the bucket's positions]
+                has = np.isfinite(block)
+                runs_with = has.any(axis=1)
+                if runs_with.any():
+                    sums, counts = np.where(has, block, 0).sum(axis=1), has.sum(axis=1)
+                    n, mean, low, high = t_interval(sums[runs_with] / counts[runs_with])
+                    position = np.arange(lo, hi)[has.any(axis=0)].mean()
+                    rows.append([lab, int(length), position, n, mean, low, high])
     return pd.DataFrame(rows, columns=columns)
 
 
@@ -474,14 +454,3 @@ def first_ranks(cells: pd.Series, order: list[str]) -> pd.Series:
     frame = frame.sort_values(["task", "seed", "value", "position"], ascending=[1, 1, 0, 1])
     frame["rank"] = frame.groupby(["task", "seed"]).cumcount() + 1.0
     return frame.set_index(["task", "seed", "label"])["rank"].reindex(cells.index)
-
-
-Z95 = 1.959963984540054  # the 97.5% normal quantile
-
-
-def wilson(hits: int, n: int) -> tuple[float, float]:
-    """95% Wilson score interval of a proportion ``hits / n`` (never outside [0, 1])."""
-    p = hits / n
-    centre = (p + Z95**2 / (2 * n)) / (1 + Z95**2 / n)
-    half = Z95 * math.sqrt(p * (1 - p) / n + Z95**2 / (4 * n * n)) / (1 + Z95**2 / n)
-    return max(0.0, centre - half), min(1.0, centre + half)

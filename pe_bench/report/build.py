@@ -56,6 +56,7 @@ from pe_bench.report import (
     rungs,
 )
 from pe_bench.report.best import legend, score_marks, value_marks
+from pe_bench.report.comparison import comparison_latex, comparison_markdown
 from pe_bench.report.inputs import (
     Options,
     Report,
@@ -71,8 +72,6 @@ from pe_bench.report.metrics import spec
 from pe_bench.report.passkey import section as passkey_section
 from pe_bench.report.ruler import section as ruler_section
 from pe_bench.report.sections import (
-    comparison_latex,
-    comparison_markdown,
     diverged_markdown,
     diverged_note,
     figures_markdown,
@@ -105,7 +104,7 @@ def build_report(
     if options.metric not in metrics.names(metrics.LM):
         allowed = ", ".join(metrics.names(metrics.LM))
         raise UserError(f"metric {options.metric!r} is not one of {allowed}")
-    checked = load_records(root, record_problem)
+    checked = readable_hardware(load_records(root, record_problem))
     if (checked["mode"] == TASK_MODE).any():  # synthetic tasks: accuracies, their own report
         check_one_kind(root, checked)
         return build_task_report(root, out, checked, options, echo)
@@ -129,7 +128,8 @@ def build_report(
         write_tables(out / "tables", report)
         report.latex = write_latex(out / "tables", report, note)
         report.figures = draw_figures(out / "figures", root, rows, report, note)
-        report.latex += probes.write(report.context, out, figures.styles(aggregate.label_order(df)))
+        style = figures.report_styles(aggregate.label_order(df), families(df))
+        report.latex += probes.write(report.context, out, style)
         report.passkey = passkey_section(checked, out)
         report.latex += [out / "tables" / "passkey.tex"] if report.passkey else []
         report.ruler = ruler_section(checked, out)
@@ -284,6 +284,14 @@ def comparison_cells(comparisons: list[compare.Comparison]) -> pd.DataFrame:
     )[["table", *comparisons[0].cells.columns]]
 
 
+def readable_hardware(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with its records' ``hardware`` as the text says it: records made before
+    ``records.device_name`` counted threads in the singular say "1 threads"."""
+    if "hardware" not in df:
+        return df
+    return df.assign(hardware=df["hardware"].str.replace(r"\b1 threads\b", "1 thread", regex=True))
+
+
 def draw_figures(
     folder: Path, root: Path, rows: pd.DataFrame, report: Report, note: str
 ) -> dict[str, Path]:
@@ -295,7 +303,8 @@ def draw_figures(
     curves = aggregate.training_curves(load_rows(root, CURVE), df)
     labels = aggregate.label_order(df)
     labels += [s for s in report.positions["label"].unique() if s not in labels]
-    style = figures.styles(labels + [s for s in curves["label"].unique() if s not in labels])
+    labels += [s for s in curves["label"].unique() if s not in labels]
+    style = figures.report_styles(labels, families(df))
     metric, baseline = options.metric, options.baseline
     drawn = {}
     with figures.theme():
@@ -331,7 +340,9 @@ def draw_positions(
         if not bands.empty:
             write_csv(folder / "position_loss_windows.csv", bands)
         drawn["positions"] = figures.save(
-            figures.position_figure(positions, style, train_len, note, bands),
+            figures.position_figure(
+                positions, style, train_len, note, bands, families=families(df)
+            ),
             folder,
             "position_loss",
         )
@@ -340,7 +351,9 @@ def draw_positions(
         write_csv(folder / "position_loss_truncate.csv", truncated)
         title = "Loss by position, documents truncated to the window"
         drawn["truncate"] = figures.save(
-            figures.position_figure(truncated, style, train_len, note, truncated, title),
+            figures.position_figure(
+                truncated, style, train_len, note, truncated, title, families(df)
+            ),
             folder,
             "position_loss_truncate",
         )

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from pe_bench.report import aggregate
 from pe_bench.report.rungs import RungResult
+from pe_bench.stats import t_interval
 
 FACTORS = (1, 2, 4, 8, 16)
 BREAK_RATIO = 1.5  # "breaks": perplexity at 2x at least 1.5x that at 1x (and separated)
@@ -61,7 +61,7 @@ def growth(res: RungResult, label: str, f1: float, f2: float) -> tuple[float, fl
     a, b = res.factor_len(f1), res.factor_len(f2)
     if a not in seeds or b not in seeds:
         raise Untestable(f"{label} not scored at {f1}x and {f2}x")
-    _, mean, low, high = aggregate.t_interval(seeds[b] - seeds[a])
+    _, mean, low, high = t_interval(seeds[b] - seeds[a])
     return mean, low, high
 
 
@@ -72,7 +72,7 @@ def lower(res: RungResult, a: str, b: str, factor: float) -> bool | None:
     length = res.factor_len(factor)
     if length not in sa or length not in sb:
         raise Untestable(f"{a} or {b} not scored at {factor}x")
-    n, mean, low, high = aggregate.t_interval((sa[length] - sb[length]).dropna())
+    n, mean, low, high = t_interval((sa[length] - sb[length]).dropna())
     if n < 2 or not (high < 0 or low > 0):
         return None
     return mean < 0

@@ -1,19 +1,23 @@
 """Figures of a report, drawn from the aggregated tables (``pe_bench.report.aggregate``) only.
 
 Every label keeps one style (colour, marker, line style) in every figure. Colours come from
-seaborn's colour-blind palette; markers and line styles tell the lines apart in black and white
-too. The classic labels always get the same style, whatever else a report holds.
+seaborn's colour-blind palette and four of Paul Tol's; labels drawn in one panel differ in
+colour, and markers and line styles tell the lines apart in black and white too. The classic
+labels always get the same style, whatever else a report holds.
 
 Figures are bare ``matplotlib.figure.Figure`` objects (no pyplot state, no display needed) and
 are saved without dates or software versions in their metadata, so that regenerating a report
 from the same records gives the same files.
+
+One module: the styles and the figures that draw with them change together (a style is chosen
+for the panels the figures make); the styles are the seam to split on next.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,8 +44,11 @@ CLASSIC_LABELS = (
     "rope+ntk",
     "alibi",
 )
-# seaborn "colorblind" (Wong's palette), reordered so that the classic labels get the darker
-# colours; black added. nope (no positions) is grey; the rope family is blue/sky/black.
+# seaborn "colorblind" (Wong's palette) in the order that gives the classic labels the darker
+# colours, black added, then four dark colours of Paul Tol's (indigo, wine, olive, magenta): 13
+# colours at least 25 apart in CIELAB (Delta E 1976; the closest pairs are Wong's own orange
+# and vermillion, blue and sky), none lighter than sky on white (Wong's yellow and light pink
+# dropped: on white they were hard to see). nope (no positions) is grey; rope is blue.
 PALETTE = (
     "#949494",
     "#de8f05",
@@ -52,8 +59,10 @@ PALETTE = (
     "#56b4e9",
     "#000000",
     "#d55e00",
-    "#fbafe4",
-    "#ece133",
+    "#332288",
+    "#882255",
+    "#999933",
+    "#d81b60",
 )
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h")
 LINESTYLES = ("-", "--", ":", "-.")
@@ -74,31 +83,74 @@ class Style:
         return {"color": self.color, "marker": self.marker, "linestyle": self.linestyle}
 
 
-def styles(labels: list[str]) -> dict[str, Style]:
+def styles(labels: list[str], groups: Mapping[str, str] | None = None) -> dict[str, Style]:
     """A style per label: fixed for the classic labels, then in the given order for the rest.
 
-    Colours repeat every 11 labels and line styles every 4, so (colour, line style) pairs are
-    unique for the first 44 labels; markers shift by one each time the colours come round, so
-    (colour, marker) pairs are unique too: no two lines look alike in legend-sized swatches.
+    ``groups`` maps a label to the panel it is drawn in (the labels drawn together; all of
+    them when None): labels drawn together get different colours while the 13 last, and no
+    two labels anywhere share a (colour, line style) pair (52 of them) or a (colour, marker)
+    pair, so every line differs from the others of its legend in colour, and from every line
+    in colour and dash. A label's style depends on the labels before it, not after.
     """
     others = [lab for lab in labels if lab not in CLASSIC_LABELS]
-    index = {lab: i for i, lab in enumerate((*CLASSIC_LABELS, *others))}
-    return {
-        lab: Style(
-            PALETTE[index[lab] % len(PALETTE)],
-            MARKERS[(index[lab] + index[lab] // len(PALETTE)) % len(MARKERS)],
-            LINESTYLES[index[lab] % len(LINESTYLES)],
-        )
-        for lab in labels
-    }
+    order = [*CLASSIC_LABELS, *others]
+    group = {lab: (groups or {}).get(lab, "") for lab in order}
+    pairs: set[tuple[str, str]] = set()
+    marked: set[tuple[str, str]] = set()
+    dashed: set[tuple[str, str]] = set()
+    found: dict[str, Style] = {}
+    for i, lab in enumerate(order):
+        if i < len(CLASSIC_LABELS):  # fixed: the same in every report
+            color, dash = PALETTE[i], LINESTYLES[i % len(LINESTYLES)]
+        else:
+            taken = {found[o].color for o in found if group[o] == group[lab]}
+            color, dash = _free_pair(taken, pairs)
+        marker = _free_marker(i, color, dash, marked, dashed)
+        pairs.add((color, dash))
+        marked.add((color, marker))
+        dashed.add((marker, dash))
+        found[lab] = Style(color, marker, dash)
+    return {lab: found[lab] for lab in labels}
+
+
+def report_styles(labels: list[str], families: Mapping[str, str]) -> dict[str, Style]:
+    """The styles of a report's labels (in its canonical order): by family, the panels
+    ``length_figure`` draws, where they are more than ``MAX_LINES`` (one panel otherwise)."""
+    return styles(labels, families if len(labels) > MAX_LINES else None)
+
+
+def _free_pair(taken: set[str], pairs: set[tuple[str, str]]) -> tuple[str, str]:
+    """A (colour, line style) not yet used, with a colour its panel does not show yet where
+    one is left: the least used such colour (so that each keeps line styles for the panels
+    after) with its least used line style (so that markers can tell apart the lines of one
+    style), in palette order, grey last (nope's, and the faint landmarks' shade)."""
+    colors = [*PALETTE[1:], PALETTE[0]]
+    used = {c: sum(c == pc for pc, _ in pairs) for c in colors}
+    dashed = {d: sum(d == pd for _, pd in pairs) for d in LINESTYLES}
+    free = [(c, d) for c in colors for d in LINESTYLES if (c, d) not in pairs]
+    fresh = [(c, d) for c, d in free if c not in taken]
+    ranked = sorted(fresh or free, key=lambda p: (used[p[0]], dashed[p[1]]))  # stable
+    return (ranked or [(PALETTE[len(pairs) % len(PALETTE)], "-")])[0]
+
+
+def _free_marker(
+    i: int, color: str, dash: str, marked: set[tuple[str, str]], dashed: set[tuple[str, str]]
+) -> str:
+    """A marker, from the ``i``-th on, not yet drawn in ``color`` (and, where one is left, not
+    with ``dash``): a legend swatch tells the label apart in black and white too."""
+    turn = [MARKERS[(i + k) % len(MARKERS)] for k in range(len(MARKERS))]
+    fresh = [m for m in turn if (color, m) not in marked]
+    return next((m for m in fresh if (m, dash) not in dashed), (fresh or turn)[0])
 
 
 @contextlib.contextmanager
 def theme() -> Iterator[None]:
-    """seaborn's paper look, for figures made (and saved) inside the block."""
+    """seaborn's paper look, for figures made (and saved) inside the block; legend lines long
+    enough to show their dash (two cycles of "-." at the default 2 font sizes showed one)."""
     with (
         sns.axes_style("ticks", {"axes.grid": True, "grid.color": ".9"}),
         sns.plotting_context("paper", font_scale=1.1),
+        mpl.rc_context({"legend.handlelength": 3.5}),
     ):
         yield
 
@@ -155,7 +207,7 @@ def _legend(fig: Figure, axes, style: dict[str, Style]) -> None:
     )
 
 
-def _footnote(fig: Figure, note: str) -> None:
+def footnote(fig: Figure, note: str) -> None:
     """A line of small text under the figure (a supxlabel, so the layout makes room for it)."""
     if note:
         fig.supxlabel(note, x=0.01, ha="left", fontsize="small", color="0.3")
@@ -195,39 +247,58 @@ def length_figure(
         _length_lines(ax, stats, style, metric, train_len)
         ax.set_title(f"{spec(metric).title} vs evaluation length (trained at {train_len} tokens)")
         _legend(fig, ax, style)
-        _footnote(fig, note)
+        footnote(fig, note)
         return fig
-    groups: dict[str, list[str]] = {}
-    for lab in labels:
-        groups.setdefault(families.get(lab, "other"), []).append(lab)
-    ncols = min(3, len(groups))
+    groups = _groups(labels, families)
+    ncols = min(2, len(groups))
     nrows = math.ceil(len(groups) / ncols)
-    fig = Figure(figsize=(4.6 * ncols, 3.6 * nrows + 0.6), layout="constrained")
-    axes = fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False).ravel()
+    fig = Figure(figsize=(6.4 * ncols, 3.5 * nrows + 0.6), layout="constrained")
+    axes = fig.subplots(nrows, ncols, sharey=True, squeeze=False).ravel()
     for ax, (family, members) in zip(axes, groups.items(), strict=False):
         for lab in [m for m in LANDMARKS if m in labels and m not in members]:
             cell = stats[stats["label"] == lab]
             ax.plot(cell["eval_len"], cell["mean"], color="0.75", linewidth=1, zorder=0)
-            ax.annotate(
+            ax.annotate(  # above the line's end, inside the panel: the legend is beside it
                 lab,
                 (cell["eval_len"].iloc[-1], cell["mean"].iloc[-1]),
                 fontsize=7,
                 color="0.6",
-                xytext=(2, 0),
+                xytext=(-2, 3),
                 textcoords="offset points",
-                va="center",
+                ha="right",
+                va="bottom",
             )
         _length_lines(ax, stats[stats["label"].isin(members)], style, metric, train_len)
         ax.set_title(family)
-        ax.legend(fontsize="x-small", frameon=False, ncols=1 + (len(members) > 8))
+        _side_legend(ax)
     for ax in axes[len(groups) :]:
         ax.set_visible(False)
     fig.suptitle(
         f"{spec(metric).title} vs evaluation length (trained at {train_len} tokens), by family; "
         f"grey: {', '.join(m for m in LANDMARKS if m in labels)}"
     )
-    _footnote(fig, note)
+    footnote(fig, note)
     return fig
+
+
+def _groups(labels: list[str], families: dict[str, str] | None) -> dict[str, list[str]]:
+    """The labels by panel: by family where they are more than ``MAX_LINES`` (one panel,
+    named '', otherwise)."""
+    if families is None or len(labels) <= MAX_LINES:
+        return {"": labels}
+    groups: dict[str, list[str]] = {}
+    for lab in labels:
+        groups.setdefault(families.get(lab, "other"), []).append(lab)
+    return groups
+
+
+def _side_legend(ax) -> None:
+    """A panel's own legend beside it, outside the data (inside, it hid lines and the
+    training-length label)."""
+    ax.legend(
+        loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize="x-small",
+        frameon=False,
+    )  # fmt: skip
 
 
 def _length_lines(ax, stats: pd.DataFrame, style: dict[str, Style], metric: str, train_len: int):
@@ -292,47 +363,68 @@ def position_figure(
     note: str = "",
     bands: pd.DataFrame | None = None,
     title: str = "Loss by position inside the window",
+    families: dict[str, str] | None = None,
 ) -> Figure:
-    """Mean loss vs position inside the window: one panel per eval length, a line per label;
-    with ``bands`` (``aggregate.position_intervals``) each label's 95% interval over windows
-    shaded around its line."""
+    """Mean loss vs position inside the window: a column per eval length, a line per label
+    with its 95% interval over seeds (``positions``' ci_low and ci_high, where n > 1) or, with
+    ``bands`` (``aggregate.position_intervals``), over windows. With more than ``MAX_LINES``
+    labels and their ``families``, a row of panels per family, each row with its legend."""
     lengths = sorted(positions["eval_len"].unique())
-    ncols = min(3, len(lengths))
-    nrows = math.ceil(len(lengths) / ncols)
-    fig = Figure(figsize=(3.4 * ncols + 1.6, 2.9 * nrows + 0.5), layout="constrained")
-    axes = fig.subplots(nrows, ncols, sharey=True, squeeze=False).ravel()
-    for ax, length in zip(axes, lengths, strict=False):  # spare panels are hidden below
-        panel = positions[positions["eval_len"] == length]
-        for lab, line in panel.groupby("label", sort=False):
-            ax.plot(
-                line["position"],
-                line["loss"],
-                label=lab,
-                markevery=0.1,
-                markersize=4,
-                linewidth=1.2,
-                **style[lab].line(),
-            )
-            if bands is not None and len(bands):
-                band = bands[(bands["eval_len"] == length) & (bands["label"] == lab)]
-                ax.fill_between(
-                    band["position"], band["ci_low"], band["ci_high"], alpha=0.2,
-                    color=style[lab].color, linewidth=0,
-                )  # fmt: skip
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(PLAIN)
-        if train_len < length:
-            _train_line(ax, train_len)
-        ax.set_title(f"windows of {length} tokens")
-        ax.set_xlabel("position in window (tokens)")
-    for ax in axes[len(lengths) :]:
-        ax.set_visible(False)
-    for ax in axes[::ncols]:
-        ax.set_ylabel("loss (nats/token)")
-    fig.suptitle(f"{title} (dotted line: training length {train_len})")
-    _legend(fig, axes, style)
-    _footnote(fig, note)
+    groups = _groups(list(dict.fromkeys(positions["label"])), families)
+    nrows, ncols = len(groups), len(lengths)
+    fig = Figure(figsize=(2.9 * ncols + 2.0, 2.5 * nrows + 0.7), layout="constrained")
+    axes = fig.subplots(nrows, ncols, sharey=True, squeeze=False)
+    for row, (family, members) in zip(axes, groups.items(), strict=True):
+        for ax, length in zip(row, lengths, strict=True):
+            panel = positions[(positions["eval_len"] == length) & positions["label"].isin(members)]
+            for lab, line in panel.groupby("label", sort=False):
+                _position_line(ax, line, style[lab], _band(bands, length, lab))
+            _window_axis(ax, int(length), train_len)
+            ax.set_title(f"windows of {length} tokens", fontsize="medium")
+        loss = "loss (nats/token)"
+        row[0].set_ylabel(f"{family}\n{loss}" if family else loss)
+        _side_legend(row[-1])
+    fig.suptitle(f"{title} (dotted line: training length {train_len}; bands: 95% interval)")
+    footnote(fig, note)
     return fig
+
+
+def _band(bands: pd.DataFrame | None, length: int, lab: str) -> pd.DataFrame | None:
+    """A label's interval over windows at one length, if ``bands`` has one."""
+    if bands is None or bands.empty:
+        return None
+    band = bands[(bands["eval_len"] == length) & (bands["label"] == lab)]
+    return band if len(band) else None
+
+
+def _position_line(ax, line: pd.DataFrame, style: Style, band: pd.DataFrame | None) -> None:
+    """One label's loss by position, with its interval over seeds (or over windows) shaded."""
+    ax.plot(
+        line["position"], line["loss"], label=line["label"].iloc[0], markevery=0.1,
+        markersize=3.5, linewidth=1.1, **style.line(),
+    )  # fmt: skip
+    if band is not None:
+        ax.fill_between(
+            band["position"], band["ci_low"], band["ci_high"], alpha=0.2, color=style.color,
+            linewidth=0,
+        )  # fmt: skip
+    elif "ci_low" in line:  # the seeds' interval, where a point has more than one
+        _ci_band(ax, line, "position", style.color)
+
+
+def _window_axis(ax, length: int, train_len: int) -> None:
+    """A log2 axis of positions 1 to ``length``, ticks on powers of two with the window's end
+    always labelled (at most 6 labels), and the training length's line inside it."""
+    ax.set_xscale("log", base=2)
+    powers = [2**k for k in range(int(math.log2(length)) + 1)]
+    ends = [length] if powers[-1] != length else []
+    ticks = (powers + ends)[::-1][:: math.ceil(len(powers + ends) / 6)][::-1]
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlim(1, length)
+    if train_len < length:
+        _train_line(ax, train_len)
+    ax.set_xlabel("position in window")
 
 
 def curve_figure(curves: pd.DataFrame, style: dict[str, Style], note: str = "") -> Figure:
@@ -357,7 +449,7 @@ def curve_figure(curves: pd.DataFrame, style: dict[str, Style], note: str = "") 
     axes[0].set_ylabel("loss (nats/token)")
     fig.suptitle("Training curves")
     _legend(fig, axes, style)
-    _footnote(fig, note)
+    footnote(fig, note)
     return fig
 
 
@@ -391,5 +483,5 @@ def ratio_heatmap(ratio: pd.DataFrame, metric: str, baseline: int, note: str = "
     ax.set_ylabel("")
     ax.tick_params(axis="y", rotation=0)
     ax.set_title(f"{spec(metric).title} relative to L = {baseline}")
-    _footnote(fig, note)
+    footnote(fig, note)
     return fig

@@ -35,6 +35,7 @@ from pe_bench.report.inputs import Options, Report, commands, report_lock
 from pe_bench.report.markdown import cpu_kinds, markdown_table, write_csv
 from pe_bench.report.rungs import RungResult, analyse, split_rungs
 from pe_bench.report.sections import value_markdown
+from pe_bench.stats import t_interval
 
 FAR = 16  # the eval factor the ladder compares at (16x the rung's training length)
 
@@ -53,8 +54,8 @@ def far_table(results: list[RungResult]) -> pd.DataFrame:
             if lab not in wide.index.get_level_values("label"):
                 continue
             seeds = wide.loc[lab]
-            n, *diff = aggregate.t_interval(seeds[far] - seeds[near])
-            _, *nll = aggregate.t_interval(seeds[far])
+            n, *diff = t_interval(seeds[far] - seeds[near])
+            _, *nll = t_interval(seeds[far])
             ratio = [math.exp(x) if math.isfinite(x) else math.nan for x in diff]
             rows.append([lab, res.rung.name, res.rung.params, res.rung.train_len, n, *ratio, *nll])
     columns = ["label", "rung", "params", "train_len", "n", "ratio", "ratio_low", "ratio_high"]
@@ -159,7 +160,8 @@ def build_ladder(
         "scale_separated": separation_table(results),
         "scale_claims": claims.claim_table(results),
     }
-    report = Report(out / "report.md", options, tables=tables, frame=records, records=records)
+    prepared = pd.concat([r.frame for r in results])  # labelled, as the site reads them
+    report = Report(out / "report.md", options, tables=tables, frame=prepared, records=records)
     with report_lock(out):
         for name, table in tables.items():
             keep_index = name != "scale_far"
@@ -198,7 +200,7 @@ def _axis_title(rungs: list[RungResult], x: str) -> str:
     return f"Training length at d_model = {r.d_model}, {r.num_layers} layers"
 
 
-def _interval(mean: float, low: float, high: float, fmt: str) -> str:
+def interval(mean: float, low: float, high: float, fmt: str) -> str:
     if not math.isfinite(mean):
         return "–"
     text = fmt.format(mean)
@@ -216,7 +218,7 @@ def far_markdown(far: pd.DataFrame, results: list[RungResult], column: str, fmt:
                 row.append("–")
                 continue
             c = by_rung.loc[name]
-            row.append(_interval(c[column], c[f"{column}_low"], c[f"{column}_high"], fmt))
+            row.append(interval(c[column], c[f"{column}_low"], c[f"{column}_high"], fmt))
         rows.append(row)
     return markdown_table(["scheme", *names], rows, "l" + "r" * len(names))
 

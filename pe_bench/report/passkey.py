@@ -3,6 +3,7 @@ and the depth x length heatmap (records of ``pe_bench.pretrained.passkey``)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -12,8 +13,8 @@ from matplotlib.figure import Figure
 
 from pe_bench.records import PASSKEY_MODE, atomic_write_text
 from pe_bench.report import aggregate, figures, latex
-from pe_bench.report.aggregate import wilson
 from pe_bench.report.markdown import markdown_table, write_csv
+from pe_bench.stats import wilson
 
 
 def passkey_rows(records: pd.DataFrame) -> pd.DataFrame:
@@ -71,35 +72,86 @@ def accuracy_markdown(table: pd.DataFrame, train_len: int) -> str:
     return markdown_table(header, rows, "l" + "r" * len(lengths))
 
 
-def depth_figure(table: pd.DataFrame, train_len: int, title: str | None = None) -> Figure:
-    """One heatmap per label: accuracy by depth (rows) and target length (columns)."""
+def depth_figure(
+    table: pd.DataFrame,
+    train_len: int,
+    title: str | None = None,
+    bins: int = 5,
+    counted: bool = True,
+) -> Figure:
+    """One heatmap per label: accuracy by depth (rows, every one of ``bins``) and target
+    length (columns), one colour bar, each cell annotated with its keys found of its trials
+    (``counted``; else its score, RULER's recall); a blank cell had no trial (depths are
+    drawn at random), and the footnote says so."""
     import seaborn as sns
 
     labels = list(dict.fromkeys(table["label"]))
-    cols = min(3, len(labels))
+    cols = min(4, len(labels))
     grid_rows = math.ceil(len(labels) / cols)
     lengths = sorted(table["eval_len"].unique())
     fig = Figure(
-        figsize=(1.2 + cols * (0.55 * len(lengths) + 1.2), 0.6 + grid_rows * 2.4),
+        figsize=(1.6 + cols * (0.62 * len(lengths) + 1.3), 1.0 + grid_rows * 2.5),
         layout="constrained",
     )
     axes = np.atleast_1d(fig.subplots(grid_rows, cols, squeeze=False)).ravel()
+    depths = [f"{lo:.1f}-{hi:.1f}" for lo, hi in itertools.pairwise(np.linspace(0, 1, bins + 1))]
+    base = _base_label(labels)
     for ax, lab in zip(axes, labels, strict=False):
-        cells = table[table["label"] == lab].assign(
-            depth=lambda t: [
-                f"{lo:.1f}-{hi:.1f}" for lo, hi in zip(t["depth_low"], t["depth_high"], strict=True)
-            ]
-        )
-        grid = cells.pivot(index="depth", columns="eval_len", values="acc").reindex(columns=lengths)
-        sns.heatmap(grid, ax=ax, vmin=0, vmax=1, cmap="viridis", annot=True, fmt=".1f", cbar=False)
-        ax.set_title(lab)
+        grid, found = _depth_grid(table[table["label"] == lab], depths, lengths, counted)
+        sns.heatmap(
+            grid, ax=ax, vmin=0, vmax=1, cmap="viridis", annot=found, fmt="", cbar=False,
+            linewidths=0.5, linecolor="white",
+        )  # fmt: skip
+        ax.set_title(_panel_title(lab, base), fontsize="medium")
         ax.set_xlabel("prompt length (tokens)")
         ax.set_ylabel("key depth")
         ax.tick_params(axis="y", rotation=0)
+        ax.grid(False)  # a blank cell is blank
     for ax in axes[len(labels) :]:
         ax.set_visible(False)
-    fig.suptitle(title or f"Passkey accuracy by depth and length (pretraining context {train_len})")
+    shown = list(axes[: len(labels)])
+    fig.colorbar(axes[0].collections[0], ax=shown, label="score (share found)", shrink=0.8)
+    model = f"{base}: " if base else ""
+    fig.suptitle(
+        title or f"{model}passkey accuracy by depth and length (pretraining context {train_len})"
+    )
+    cell = "found / trials" if counted else "the mean score of its trials"
+    figures.footnote(
+        fig, f"Each cell: {cell} at that depth and length; blank: no trial there (each "
+        "trial's depth is drawn at random)."
+    )  # fmt: skip
     return fig
+
+
+def _depth_grid(
+    cells: pd.DataFrame, depths: list[str], lengths: list[int], counted: bool
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A label's accuracy by depth bin and length, and each cell's "found/trials" (or its
+    score, not ``counted``; '' where no trial fell)."""
+    pairs = zip(cells["depth_low"], cells["depth_high"], strict=True)
+    counts = zip(cells["acc"], cells["trials"], strict=True)
+    cells = cells.assign(
+        depth=[f"{lo:.1f}-{hi:.1f}" for lo, hi in pairs],
+        found=[f"{round(a * n)}/{n}" if counted else f"{a:.2f}" for a, n in counts],
+    )
+    grid = cells.pivot(index="depth", columns="eval_len", values="acc")
+    found = cells.pivot(index="depth", columns="eval_len", values="found")
+    grid, found = (t.reindex(index=depths, columns=lengths) for t in (grid, found))
+    return grid, found.fillna("")
+
+
+def _base_label(labels: list[str]) -> str:
+    """The label the others extend (``model`` of ``model+variant``), if one does."""
+    first = labels[0]
+    return first if all(lab == first or lab.startswith(f"{first}+") for lab in labels) else ""
+
+
+def _panel_title(label: str, base: str) -> str:
+    """A panel's title: the variant alone where the suptitle names the model (a long model
+    name ran past its panel: "+self_extenc")."""
+    if not base:
+        return label
+    return "as pretrained" if label == base else label.removeprefix(base)
 
 
 def section(records: pd.DataFrame, out: Path, bins: int = 5) -> list[str]:
@@ -121,7 +173,7 @@ def section(records: pd.DataFrame, out: Path, bins: int = 5) -> list[str]:
     )
     latex.write(out / "tables", "passkey", text, title)
     with figures.theme():
-        png = figures.save(depth_figure(depths, train_len), out / "figures", "passkey")
+        png = figures.save(depth_figure(depths, train_len, bins=bins), out / "figures", "passkey")
     tokens = rows["prompt_tokens"].explode().astype(int)
     return [
         "## Passkey retrieval",

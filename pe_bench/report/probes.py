@@ -3,7 +3,7 @@ as tables, figures and what each measure means.
 
 - **Context gain** and **retrieval gain**: per (label, eval length or distance), one seed shows
   the record's own mean and 95% CI (over windows, or over snippets); several seeds show the
-  mean over seeds and the 95% t-interval over them (``aggregate.t_interval``).
+  mean over seeds and the 95% t-interval over them (``stats.t_interval``).
 - **No signal**: the copy probe has signal for a label when, at the shortest distance, its
   retrieval gain is at least ``SIGNAL_BITS`` and its CI excludes 0. Where no label has signal,
   the section says so instead of letting the table read as a ranking.
@@ -25,6 +25,7 @@ from matplotlib.figure import Figure
 from pe_bench.records import PROBES
 from pe_bench.report import aggregate, figures, latex
 from pe_bench.report.markdown import markdown_table, write_csv
+from pe_bench.stats import t_interval
 
 SIGNAL_BITS = 0.05  # the least retrieval gain (bits/token) that counts as a signal
 GAIN_COLUMNS = ["label", "x", "n", "mean", "ci_low", "ci_high", "over", "targets"]
@@ -87,7 +88,7 @@ def gain_table(rows: pd.DataFrame, order: list[str], x: str, over: str) -> pd.Da
                 r = at.iloc[0]
                 stats, how = (1, r["gain_bits"], r["gain_ci_low"], r["gain_ci_high"]), over
             else:
-                stats, how = aggregate.t_interval(at["gain_bits"].astype(float)), "seeds"
+                stats, how = t_interval(at["gain_bits"].astype(float)), "seeds"
             cells.append([lab, int(value), *stats, how, int(at["targets"].iloc[0])])
     return pd.DataFrame(cells, columns=GAIN_COLUMNS).rename(columns={"x": x})
 

@@ -6,11 +6,18 @@ like and the reader sees what the tie-break alone does."""
 
 from __future__ import annotations
 
+import itertools
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
 import pandas as pd
+import yaml
 
 from pe_bench.data.tasks import TASKS
 from pe_bench.errors import UserError
-from pe_bench.report import aggregate, compare
+from pe_bench.report import aggregate
+from pe_bench.report.compare import CITATION_FIELDS, kendall_tau, resolve
 from pe_bench.report.markdown import markdown_table
 
 
@@ -32,11 +39,11 @@ def ranking_tables(df: pd.DataFrame, tasks: list[str], published: tuple[str, ...
     metrics = headlines(tasks)
     tables = {"mrr": aggregate.reciprocal_ranks(df, metrics)}
     if published:
-        paper = compare.load_ranking(published[0])
+        paper = load_ranking(published[0])
         first = None
         if paper.tie_order:
             first = aggregate.reciprocal_ranks(df, metrics, paper.tie_order)
-        table = compare.ranking_comparison(tables["mrr"], paper, first)
+        table = ranking_comparison(tables["mrr"], paper, first)
         table.attrs |= {
             "cite": paper.cite(),
             "tie_order": paper.tie_order,
@@ -147,3 +154,84 @@ def compare_section(table: pd.DataFrame, tasks: list[str], seeds: int) -> list[s
         compare_markdown(table),
         "",
     ]
+
+
+RANKING_SETUP = ("tasks", "model", "score")
+
+
+@dataclass(frozen=True)
+class PublishedRanking:
+    """A paper's summary ranking over synthetic tasks (``metric: mrr``): one value per scheme."""
+
+    name: str
+    citation: dict
+    setup: dict
+    values: pd.DataFrame  # name, label, value
+    tie_order: list[str] | None = None  # labels in the order the paper breaks ties (if it does)
+
+    def cite(self) -> str:
+        authors = self.citation["authors"]
+        return (
+            f"{authors[0].split()[-1]} et al. ({self.citation['year']}), {self.citation['table']}"
+        )
+
+
+def load_ranking(name: str | Path) -> PublishedRanking:
+    """Read and check a published ranking (``metric: mrr``, e.g. ``published/kazemnejad_paper``)."""
+    path = resolve(name)
+    doc = yaml.safe_load(path.read_text())
+    where = path.name
+    if not isinstance(doc, dict) or doc.get("metric") != "mrr":
+        raise UserError(
+            f"{where}: not a published ranking (metric: mrr); the task report needs one"
+        )
+    for section, fields in (("citation", CITATION_FIELDS), ("setup", RANKING_SETUP)):
+        missing = [f for f in fields if f not in (doc.get(section) or {})]
+        if missing:
+            raise UserError(f"{where}: {section} lacks {', '.join(missing)}")
+    rows = doc.get("rows") or []
+    if not rows or not all(isinstance(r.get("value"), (int, float)) for r in rows):
+        raise UserError(f"{where}: rows need a name, a label and a numeric value")
+    values = pd.DataFrame(
+        [[r["name"], r.get("label"), float(r["value"])] for r in rows],
+        columns=["name", "label", "value"],
+    )
+    tie_order = doc.get("tie_order")
+    if tie_order is not None and (
+        not isinstance(tie_order, list) or sorted(tie_order) != sorted(values["label"].dropna())
+    ):
+        raise UserError(f"{where}: tie_order must list every row's label once, got {tie_order!r}")
+    name = path.name.removesuffix(".yaml")
+    return PublishedRanking(name, doc["citation"], doc["setup"], values, tie_order)
+
+
+def ranking_comparison(
+    ours: pd.DataFrame, published: PublishedRanking, first: pd.DataFrame | None = None
+) -> pd.DataFrame:
+    """The paper's MRR and ours per scheme both have (``ours``: ``aggregate.reciprocal_ranks``
+    rows, ties sharing a rank), with each side's rank among those schemes, and the rank
+    order's Kendall tau as an attribute (``.attrs['tau']``, over the pairs neither side
+    ties). ``first``: our MRR with ties broken as the paper breaks them, beside it
+    (``first``, ``first_rank``; its tau is ``.attrs['tau_first']``)."""
+    paper = published.values.dropna(subset=["label"]).set_index("label")["value"]
+    mine = ours.set_index("label")["mrr"]
+    both = [label for label in paper.index if label in mine.index]
+    table = pd.DataFrame({"paper": paper[both], "ours": mine[both]})
+    table["paper_rank"] = table["paper"].rank(ascending=False, method="min").astype(int)
+    table["ours_rank"] = table["ours"].rank(ascending=False, method="min").astype(int)
+    table.attrs["tau"] = ranking_tau(table["paper"], table["ours"])
+    if first is not None:
+        table["first"] = first.set_index("label")["mrr"].reindex(both)
+        table["first_rank"] = table["first"].rank(ascending=False, method="min").astype(int)
+        table.attrs["tau_first"] = ranking_tau(table["paper"], table["first"])
+    return table.rename_axis("label").reset_index()
+
+
+def ranking_tau(paper: pd.Series, ours: pd.Series) -> float:
+    """Kendall's tau of two orders of the same labels, over the pairs neither side ties."""
+    agree = disagree = 0
+    for a, b in itertools.combinations(paper.index, 2):
+        if paper[a] != paper[b] and ours[a] != ours[b]:
+            sign = math.copysign(1, paper[a] - paper[b]) * math.copysign(1, ours[a] - ours[b])
+            agree, disagree = agree + (sign > 0), disagree + (sign < 0)
+    return kendall_tau(agree, disagree)

@@ -10,9 +10,9 @@ import pandas as pd
 
 from pe_bench.records import atomic_write_text, is_ruler
 from pe_bench.report import aggregate, figures, latex
-from pe_bench.report.aggregate import wilson
 from pe_bench.report.markdown import markdown_table, write_csv
 from pe_bench.report.passkey import depth_figure, depth_table
+from pe_bench.stats import wilson
 
 
 def ruler_rows(records: pd.DataFrame) -> pd.DataFrame:
@@ -99,7 +99,7 @@ def section(records: pd.DataFrame, out: Path, bins: int = 5) -> list[str]:
         with figures.theme():
             fig = depth_figure(
                 depths, train_len, f"NIAH recall by depth and length, {niah['task'].nunique()} "
-                f"tasks pooled (pretraining context {train_len})",
+                f"tasks pooled (pretraining context {train_len})", bins, counted=False,
             )  # fmt: skip
             png = figures.save(fig, out / "figures", "ruler")
         lines += [

@@ -59,8 +59,10 @@ class Finetune:
     run_id: str
 
     def record_fields(self) -> dict[str, Any]:
-        """What a fine-tuned model's records add to (or change in) the trained model's."""
-        return {
+        """What a fine-tuned model's records add to (or change in) the trained model's: the
+        fine-tuning scheme's caveat, where it has one, in place of the trained scheme's."""
+        caveat = {"caveat": self.scheme.caveat} if self.scheme.caveat else {}
+        return caveat | {
             "run_id": self.run_id,
             "finetune": self.key,
             "finetune_pe": self.scheme.name,

@@ -25,7 +25,7 @@ job, after perplexity (``eval.probes``; sizes under ``eval.*``, see ``EvalConfig
 - ``attention`` (per eval length): mean attention distance sum_j a_ij (i - j) and attention
   entropy -sum_j a_ij ln a_ij per layer, averaged over heads and every query of a few windows.
   The weights are recomputed from each layer's own input with the scheme's hooks
-  (``attention_weights``: ``transform_qk``, then the scheme's logits and weights by query
+  (``run.attention_weights``: ``transform_qk``, then the scheme's logits and weights by query
   chunks, its ``modify_logits`` and ``attention_weights`` included, as the model attends),
   since the fused kernels do not return them; a scheme that attends itself (``attend``)
   gives them as its output for the identity as values.
@@ -41,7 +41,6 @@ positions is probed with its first draw.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
@@ -55,10 +54,9 @@ from torch import Tensor
 
 from pe_bench.config import config_hash
 from pe_bench.errors import UserError
-from pe_bench.model.attention import MASK_BUDGET, allowed_keys, scheme_logits
-from pe_bench.model.gpt import GPT, CausalSelfAttention, ForwardContext
+from pe_bench.model.gpt import GPT
 from pe_bench.records import make_record
-from pe_bench.report.aggregate import t_interval
+from pe_bench.run.attention_weights import observed_attention
 from pe_bench.run.evaluate import (
     MODES,
     OUT_OF_MEMORY,
@@ -68,6 +66,7 @@ from pe_bench.run.evaluate import (
     scheme_swapped,
 )
 from pe_bench.run.train import autocast
+from pe_bench.stats import t_interval
 
 log = logging.getLogger(__name__)
 
@@ -381,98 +380,6 @@ def retrieval(
         "copy_acc": float(exact[: task.count].mean()),
         "control_acc": float(exact[task.count :].mean()),
     }
-
-
-# ---- attention weights ----------------------------------------------------------------------
-
-
-def layer_qkv(attn: CausalSelfAttention, x: Tensor, ctx: ForwardContext) -> tuple[Tensor, ...]:
-    """Queries and keys as layer ``attn`` attends with (after the scheme's ``transform_qk``),
-    and its values, ``[b, n_h, s, h_d]``, from the layer's input ``x`` ``[b, s, d]``."""
-    b, s, d = x.shape
-    q, k, v = attn.qkv(x).split(d, dim=2)
-    q, k, v = (t.view(b, s, attn.num_heads, -1).transpose(1, 2) for t in (q, k, v))
-    q, k = ctx.pe.transform_qk(q, k, ctx.pos, ctx.pos, attn.layer)
-    return q, k, v
-
-
-def attention_weights(
-    attn: CausalSelfAttention,
-    q: Tensor,
-    k: Tensor,
-    ctx: ForwardContext,
-    start: int = 0,
-    end: int | None = None,
-) -> Tensor:
-    """Attention weights of queries ``start .. end - 1`` over keys ``0 .. end - 1``, ``[b, n_h,
-    end - start, end]``, in float32, as the model attends for that query chunk: the scheme's
-    logits (``scheme_logits``: q.k / sqrt(h_d), its bias, ``modify_logits``), then its
-    ``attention_weights`` (the masked softmax, or a scheme's own, e.g. stick-breaking)."""
-    end = q.shape[-2] if end is None else end
-    q_chunk, k_prefix = q[:, :, start:end], k[:, :, :end]
-    pos = ctx.pos
-    logits = scheme_logits(ctx.pe, q_chunk, k_prefix, pos[start:end], pos[:end], attn.layer)
-    return ctx.pe.attention_weights(
-        logits, allowed_keys(ctx.pe, pos[start:end], pos[:end], attn.layer)
-    )
-
-
-def own_attention_weights(
-    attn: CausalSelfAttention, x: Tensor, q: Tensor, k: Tensor, ctx: ForwardContext
-) -> Tensor:
-    """The weights ``[b, n_h, s, s]`` of a scheme that attends itself (``attend``, e.g.
-    CABLE, PaTH), in float32: its output for the values e_1 .. e_s (the identity), which is
-    the weights wherever the output is a weighted sum of the values, as attention's is."""
-    b, h, s, _ = q.shape
-    eye = torch.eye(s, device=q.device, dtype=q.dtype).expand(b, h, s, s)
-    return ctx.pe.attend(x, q, k, eye, ctx.pos, attn.layer).float()
-
-
-@dataclass
-class AttentionSums:
-    """Per layer: summed mean distance and entropy over every (batch, head, query) seen."""
-
-    distance: list[float]
-    entropy: list[float]
-    queries: list[int]
-
-    def add(self, layer: int, weights: Tensor, start: int) -> None:
-        """Add the queries ``start ..`` of ``weights`` ``[b, n_h, chunk, s_k]``."""
-        i = torch.arange(start, start + weights.shape[-2], device=weights.device).float()
-        j = torch.arange(weights.shape[-1], device=weights.device).float()
-        distance = i.unsqueeze(-1) - weights @ j.unsqueeze(-1)  # sum_j a_ij (i - j): sum a = 1
-        self.distance[layer] += float(distance.double().sum())
-        self.entropy[layer] += float(torch.special.entr(weights).sum(-1).double().sum())
-        self.queries[layer] += weights[..., 0].numel()
-
-
-@contextlib.contextmanager
-def observed_attention(model: GPT) -> Iterator[AttentionSums]:
-    """Within the block, every attention layer's forward also adds its weights' distance and
-    entropy to the sums yielded (a forward hook replays the layer's q and k by query chunks
-    of at most ``MASK_BUDGET`` weights; nothing changes in what the model computes)."""
-    layers = [m for m in model.modules() if isinstance(m, CausalSelfAttention)]
-    n = len(layers)
-    sums = AttentionSums([0.0] * n, [0.0] * n, [0] * n)
-
-    def observe(attn: CausalSelfAttention, args: tuple, output: Tensor) -> None:
-        x, ctx = args
-        q, k, _ = layer_qkv(attn, x, ctx)
-        if ctx.pe.has_own_attention:  # weights only the scheme's own attention can give
-            sums.add(attn.layer, own_attention_weights(attn, x, q, k, ctx), 0)
-            return
-        b, h, s, _ = q.shape
-        chunk = max(1, MASK_BUDGET // (b * h * s))
-        for start in range(0, s, chunk):
-            end = min(s, start + chunk)
-            sums.add(attn.layer, attention_weights(attn, q, k, ctx, start, end), start)
-
-    handles = [layer.register_forward_hook(observe) for layer in layers]
-    try:
-        yield sums
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def attention(

@@ -23,6 +23,7 @@ from pe_bench.data.tokenizer import BYTE, ByteTokenizer, Tokenizer
 from pe_bench.model.gpt import GPT
 from pe_bench.positions import options_label
 from pe_bench.records import make_record, provenance
+from pe_bench.run.calibrate import calibrate_schemes
 from pe_bench.run.evaluate import (
     EvalTask,
     Scorer,
@@ -125,11 +126,16 @@ def evaluate(
 ) -> None:
     """Score ``tasks`` with ``net`` and store a record of each (ok or skipped); the
     context-use probes among them run last."""
-    scheme = ctx.job.scheme.name
+    scheme, cfg = ctx.job.scheme.name, ctx.job.cfg
     probing = [t for t in tasks if isinstance(t, ProbeTask)]
     scoring = [t for t in tasks if not isinstance(t, ProbeTask)]
+    lengths = cfg.eval.eval_lengths(cfg.train.seq_len)  # all of them: the same on a resume
+    schemes = [t.scheme for t in tasks]
+    notes = calibrate_schemes(net, schemes, lengths, ctx.data.corpus, cfg.eval.batch_tokens)
     for scored in evaluate_tasks(net, scoring, ctx.data.scorer, ctx.device, scheme, suffix):
         key = scored.task.fields()
+        if (id(scored.task.scheme), scored.task.eval_len) in notes:
+            key["calibration"] = notes[(id(scored.task.scheme), scored.task.eval_len)]
         if scored.result is None:
             ctx.store.add(make_record(fields, key, "skipped", reason=scored.skipped))
             continue

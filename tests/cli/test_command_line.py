@@ -141,7 +141,7 @@ CONSOLE_BAD_INPUT = [
     (["logger=mlflow"], "logger=mlflow is not an option of logger; allowed: none, wandb"),
     (
         ["+finetune@finetunes.x=nosuch"],
-        "+finetune@finetunes.x=nosuch is not an option of finetune; allowed: ft, pi",
+        "+finetune@finetunes.x=nosuch is not an option of finetune; allowed: drope, ft, pi",
     ),
     (["experiment=nosuch"], "experiment=nosuch is not an option of experiment; allowed: alibi_"),
     (["+modle=smoke"], "unknown key modle (did you mean model?); allowed: compare, data,"),

@@ -56,6 +56,7 @@ def test_every_built_in_scheme_conforms(name):
         (broken_pe.FirstRowsMask, "attention_mask", "the queries are the last s_q keys"),
         (broken_pe.WrongKeyBias, "key_bias", "minus key_bias varies by .* along a query's row"),
         (broken_pe.LateLeak, "attend", "first 65 of 195 tokens attended alone differ"),
+        (broken_pe.CalibratesItsParameter, "calibration", "calibrate changed 'pe.scale'"),
     ],
     ids=lambda x: x.__name__ if isinstance(x, type) else None,
 )
@@ -106,7 +107,7 @@ def test_console_script_fails_a_broken_plugin():
     assert "FAIL relative: declares relative = True" in proc.stdout
     assert "PASS causality" in proc.stdout
     assert "FAIL score_mod: score_mod and score_bias differ" in proc.stdout  # its consequence
-    assert "broken_fake_relative: 2 of 16 checks failed" in proc.stdout
+    assert "broken_fake_relative: 2 of 17 checks failed" in proc.stdout
 
 
 def test_main_parses_options_and_exits_by_outcome(capsys):

@@ -216,6 +216,24 @@ class LateLeak(PositionScheme):
         return out + late
 
 
+@register("broken_calibration")
+class CalibratesItsParameter(PositionScheme):
+    """A temperature fitted at evaluation by moving its own parameter: the checkpoint's value
+    is lost (and every other length changes with it)."""
+
+    def __init__(self, dims) -> None:
+        super().__init__(dims)
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def logit_scale(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
+        return self.scale.expand(q_pos.shape[-1])
+
+    def calibrate(self, held_out, seq_len: int) -> str:
+        with torch.no_grad():
+            self.scale.fill_(1.5)
+        return "scale 1.5"
+
+
 @register("broken_nan")
 class AllNaN(PositionScheme):
     """Claims ``relative = True``; its bias is NaN everywhere, so are the model's outputs."""

@@ -15,7 +15,11 @@ from pe_bench.model.gpt import GPT, CausalSelfAttention, ForwardContext, ModelCo
 from pe_bench.positions import ModelDims, build_scheme
 from pe_bench.positions.fingerprint import class_key
 from pe_bench.positions.gates import Cable
-from pe_bench.run.probes import layer_qkv, observed_attention, own_attention_weights
+from pe_bench.run.attention_weights import (
+    layer_qkv,
+    observed_attention,
+    own_attention_weights,
+)
 
 DIMS = ModelDims(d_model=8, num_heads=2, head_dim=4, num_layers=1, train_len=16)
 

@@ -162,6 +162,23 @@ def test_the_codes_padding_doubles_the_unrotated_pairs():
     assert "zero_freq_sin" in code.caveat
 
 
+def test_past_training_the_unrotated_pairs_stay_position_free():
+    """At 16x L_train and far beyond, the pairs past the series see no position (their logits
+    equal those at positions 0..5) and every logit stays finite."""
+    fope = build_scheme({"name": "fope"}, ModelDims(128, 4, 32, 1, 64))
+    q, k = torch.randn(1, 4, 6, 32), torch.randn(1, 4, 6, 32)
+    rotated = [*range(5), *range(16, 21)]
+    q[..., rotated], k[..., rotated] = 0.0, 0.0
+    near = attention_logits(fope, q, k, torch.arange(6), torch.arange(6))
+    for start in (1024, 100_000):
+        far = torch.arange(start, start + 6)
+        torch.testing.assert_close(attention_logits(fope, q, k, far, far), near)
+    q, k = torch.randn(1, 4, 1024, 32), torch.randn(1, 4, 1024, 32)
+    assert torch.isfinite(
+        attention_logits(fope, q, k, torch.arange(1024), torch.arange(1024))
+    ).all()
+
+
 def test_not_shift_invariant():
     fope = build_scheme({"name": "fope"}, ModelDims(128, 4, 32, 1, 64))
     q, k = torch.randn(1, 4, 8, 32), torch.randn(1, 4, 8, 32)

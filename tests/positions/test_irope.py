@@ -218,9 +218,9 @@ def test_the_float_mask_and_explicit_paths_hide_the_same_keys():
 
 
 def test_the_attention_probe_sees_the_mask():
-    """The context-use probe's attention weights (``run.probes.attention_weights``) are the
+    """The context-use probe's attention weights (``run.attention_weights``) are the
     model's: none on a key the chunk hides."""
-    from pe_bench.run.probes import attention_weights, layer_qkv
+    from pe_bench.run.attention_weights import attention_weights, layer_qkv
 
     irope = IRoPE(DIMS, window=5)
     torch.manual_seed(0)

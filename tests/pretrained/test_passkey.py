@@ -15,7 +15,6 @@ pytest.importorskip("transformers")
 from pe_bench.errors import UserError
 from pe_bench.pretrained import load, passkey, rope
 from pe_bench.records import PASSKEY_MODE
-from pe_bench.report.aggregate import wilson
 from pe_bench.report.passkey import section as passkey_section
 from pe_bench.run.config import PasskeyConfig, PretrainedConfig
 from pe_bench.run.evaluate import EvalConfig
@@ -116,15 +115,6 @@ def test_generation_stops_once_the_first_integer_is_complete():
     assert not passkey.answered(" 123")
     assert passkey.answered(" 123.")
     assert not passkey.answered(" the key")
-
-
-def test_the_wilson_interval():
-    low, high = wilson(0, 5)
-    assert low == 0.0 and high == pytest.approx(0.4345, abs=1e-4)
-    low, high = wilson(5, 5)
-    assert low == pytest.approx(0.5655, abs=1e-4) and high == 1.0
-    low, high = wilson(10, 20)
-    assert (low, high) == pytest.approx((0.2993, 0.7007), abs=1e-4)
 
 
 @pytest.fixture(scope="module")

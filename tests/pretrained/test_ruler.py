@@ -304,7 +304,7 @@ def test_shares_prefix_except_hf_rescaling_on_the_sequence():
 
 
 def test_a_record_scores_with_a_wilson_interval():
-    from pe_bench.report.aggregate import wilson
+    from pe_bench.stats import wilson
 
     prompts = [ruler_eval.Trial([1], ["a", "b"], 0.1), ruler_eval.Trial([2], ["c"], 0.6)]
     record = ruler_eval.trials_record(prompts, ["A and nothing", "c"])

@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 
 from pe_bench.errors import UserError
 from pe_bench.pretrained import truncate
-from pe_bench.report.aggregate import log_buckets
+from pe_bench.stats import log_buckets
 
 from .hf_helpers import tiny_checkpoint
 

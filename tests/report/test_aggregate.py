@@ -11,6 +11,7 @@ import pytest
 from pe_bench.errors import UserError
 from pe_bench.positions import options_label
 from pe_bench.report import aggregate
+from pe_bench.stats import log_buckets
 from tests.helpers import diverged, prepared, record, three_seeds
 
 T_975_2 = 4.302652729911275  # t-distribution, 97.5th percentile, 2 degrees of freedom (table)
@@ -173,10 +174,15 @@ def test_position_loss_averages_runs_then_log_buckets():
              "mode": "nonoverlap", "loss": [2.0, 1.0, 4.0, 2.0, 3.0, 1.0, 1.0, None]},
         ]
     )  # fmt: skip
-    assert aggregate.log_buckets(8, per_octave=1).tolist() == [1, 2, 4, 8, 9]
+    assert log_buckets(8, per_octave=1).tolist() == [1, 2, 4, 8, 9]
     curve = aggregate.position_loss(positions, prepared(rows), per_octave=1)
     # run means at positions 1..7: 3, 2, 3, 2, 2, 1, 1; position 8 was never scored
     assert curve[["position", "loss"]].values.tolist() == [[1, 3.0], [2.5, 2.5], [5.5, 1.5]]
+    # each run's bucket means (position 1: 4 and 2; 4..7: 1.25 and 1.75), a t-interval over runs
+    assert curve["n"].tolist() == [2, 2, 2]
+    t = 12.706204736  # t(0.975, 1 degree of freedom)
+    assert curve["ci_high"].iloc[0] == pytest.approx(3.0 + t * 1.0)
+    assert curve["ci_low"].iloc[2] == pytest.approx(1.5 - t * 0.25)
 
 
 def test_training_curves_mean_over_seeds():

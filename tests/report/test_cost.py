@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+import torch
 
+from pe_bench.records import device_name
 from pe_bench.report import cost
 from pe_bench.report.build import build_report
 from tests.helpers import prepared, record, write_runs
@@ -80,3 +82,18 @@ def test_the_report_has_a_cost_section_and_table(tmp_path):
     saved = pd.read_csv(tmp_path / "tables" / "cost.csv")
     assert saved.loc[saved["label"] == "alibi", "train_tokens_per_s"].item() == pytest.approx(64.0)
     assert (tmp_path / "tables" / "cost.md").read_text().startswith("| scheme")
+
+
+def test_one_thread_is_singular(tmp_path, monkeypatch):
+    """Issue 41: reports said "1 threads"; records made before the fix still say it."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert device_name(torch.device("cpu")).endswith(", 1 thread)")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert device_name(torch.device("cpu")).endswith(", 2 threads)")
+    found = [{**r, "hardware": "cpu (x86_64, 1 threads)"} for r in rows()]
+    write_runs(tmp_path, found[:2])  # one trained model (alibi, seed 0)
+    build_report(tmp_path, echo=False)
+    text = (tmp_path / "report.md").read_text()
+    assert "Measured on cpu (x86_64, 1 thread), device cpu" in text
+    assert "1 threads" not in text
+    assert text.split("\n\n")[1].startswith("1 trained model (alibi; seeds 0)")

@@ -7,8 +7,9 @@ import pandas as pd
 import pytest
 
 from pe_bench.records import load_records
-from pe_bench.report import aggregate, protocols
+from pe_bench.report import protocols
 from pe_bench.report.inputs import load_rows, record_problem
+from pe_bench.stats import log_buckets, t_interval
 from tests.helpers import record, truncate_runs, write_runs
 
 
@@ -22,12 +23,12 @@ def test_truncate_positions_pool_every_runs_documents(tmp_path):
     assert list(dict.fromkeys(found["label"])) == ["rope", "alibi"]
     assert set(found["windows"]) == {4}
     for length in (16, 32):
-        edges = aggregate.log_buckets(length)
+        edges = log_buckets(length)
         cells = found[(found["label"] == "alibi") & (found["eval_len"] == length)]
         assert len(cells) == len(edges) - 1
         for b, cell in enumerate(cells.itertuples()):
             values = [2.5 + 0.1 * s + 0.2 * d - 0.01 * b for s in (0, 1) for d in (0, 1)]
-            n, mean, low, high = aggregate.t_interval(values)
+            n, mean, low, high = t_interval(values)
             assert (cell.windows, cell.loss) == (n, pytest.approx(mean))
             assert (cell.ci_low, cell.ci_high) == (pytest.approx(low), pytest.approx(high))
             assert cell.position == pytest.approx((edges[b] + edges[b + 1] - 1) / 2)

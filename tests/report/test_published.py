@@ -14,9 +14,9 @@ from pe_bench.report.compare import (
     CITATION_FIELDS,
     SETUP_FIELDS,
     load_published,
-    load_ranking,
     resolve,
 )
+from pe_bench.report.ranking import load_ranking
 from tests.helpers import ROOT
 
 ALL_PUBLISHED = sorted((ROOT / "results" / "published").glob("*.yaml"))

@@ -19,7 +19,7 @@ from pe_bench.model.gpt import GPT, CausalSelfAttention, ModelConfig
 from pe_bench.positions import ModelDims, PositionScheme
 from pe_bench.records import PROBES, RECORDS, read_jsonl, write_jsonl
 from pe_bench.report.build import build_report
-from pe_bench.run import probes
+from pe_bench.run import attention_weights, probes
 from pe_bench.run.evaluate import EvalConfig
 from pe_bench.run.plan import plan
 from tests.helpers import compose, record, tiny_model, with_variant
@@ -197,11 +197,11 @@ def test_the_weights_are_what_the_model_attends_with(scheme, stream):
         handle.remove()
     assert len(seen) == 2
     for attn, x, ctx, output in seen:
-        q, k, v = probes.layer_qkv(attn, x, ctx)
-        weights = probes.attention_weights(attn, q, k, ctx)
+        q, k, v = attention_weights.layer_qkv(attn, x, ctx)
+        weights = attention_weights.attention_weights(attn, q, k, ctx)
         y = (weights @ v.float()).transpose(1, 2).reshape(x.shape)
         assert torch.allclose(attn.proj(y), output, atol=1e-5)
-        rows = probes.attention_weights(attn, q, k, ctx, 20, 35)
+        rows = attention_weights.attention_weights(attn, q, k, ctx, 20, 35)
         assert torch.allclose(rows, weights[:, :, 20:35, :35], atol=1e-6)
 
 

@@ -405,6 +405,21 @@ def test_kill_anywhere_trials_end_equal_to_an_uninterrupted_run(tmp_path):
     assert len(summary.trials) == 3
 
 
+@pytest.mark.slow  # a reference run and two sweeps: ~3 min on one thread
+def test_a_plugin_failure_trial_names_the_job_and_keeps_the_others(tmp_path):
+    """experiments/kill_anywhere.py's plugin trial: a sweep whose job's plugin raises in
+    training names that job once, exits 1 without a traceback, writes the report, and leaves
+    the other job's folder equal to the sweep without it."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        import kill_anywhere
+    finally:
+        sys.path.pop(0)
+    summary = kill_anywhere.run_trials(tmp_path, trials=0, seed=2, plugin=True)
+    assert summary.mismatches == [], summary.mismatches
+    assert [t.kind for t in summary.trials] == ["plugin failure"]
+
+
 def test_a_checkpoint_of_other_code_or_from_before_the_key_starts_afresh(tmp_path):
     """A checkpoint's fingerprint ends in the key of its scheme's code: one saved by other
     code, or before fingerprints carried a key, is not resumed (its records are stale too)."""

@@ -9,6 +9,7 @@ library) adds sorting, filtering, the "not separated" marks and hover values.
 - ``pages.py``: the index (leaderboard, curves, cost, passkey, scheme list, provenance) and
   ``write_site``;
 - ``tasks.py``: the index of a synthetic-task report;
+- ``scale.py``: the scale view, the index of a scale ladder's report;
 - ``boards.py``: a metric's table and curves, and what the site knows of each label;
 - ``schemes.py``: a page per scheme; ``costs.py``: the cost tables;
 - ``html.py``, ``svg.py``: HTML and SVG building blocks.

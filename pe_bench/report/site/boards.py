@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from pe_bench.positions import scheme_family
-from pe_bench.report import figures
+from pe_bench.report import aggregate, figures
 from pe_bench.report.best import value_marks
 from pe_bench.report.metrics import spec
 from pe_bench.report.site import svg
@@ -38,7 +38,8 @@ def slug(name: str) -> str:
 
 
 def labels(df: pd.DataFrame) -> dict[str, Label]:
-    """Every label of the records, in the order they hold them."""
+    """Every label of the records, in the canonical order (``aggregate.label_order``), which
+    gives each its style as in the report's figures."""
     keys = ["label", "scheme", "variant"] + [k for k in ("finetune", "pretrained") if k in df]
     found = {}
     for row in df[keys].drop_duplicates("label").itertuples():
@@ -52,7 +53,7 @@ def labels(df: pd.DataFrame) -> dict[str, Label]:
             kind = "fine-tuned" if tuned else ("pretrained" if pretrained else "trained")
             page, group = row.scheme, family
         found[row.label] = Label(row.label, row.scheme, page, family, kind, group)
-    return found
+    return {lab: found[lab] for lab in aggregate.label_order(df) if lab in found}
 
 
 @dataclass
@@ -168,7 +169,7 @@ def board_panels(board: Board, info: dict[str, Label], landmarks: tuple[str, ...
     under each; ``landmarks`` drawn faintly in the panels that lack them."""
     stats = board.stats[board.stats["n"] > 0]
     order = list(dict.fromkeys(stats["label"]))
-    style = figures.styles(order)
+    style = figures.report_styles(list(info), {lab: info[lab].group for lab in info})
     many = len(order) > figures.MAX_LINES
     groups: dict[str, list[str]] = {}
     for lab in order:
@@ -206,8 +207,8 @@ def panel_figure(
     """A curve panel as the site shows it: its caption, the ``<svg>`` and a legend under it
     (filtered and hovered by label, ``site.js``)."""
     legend = "".join(
-        f'<li data-label="{e(lab)}"><span class="sw" style="background:{style[lab].color}">'
-        f"</span>{e(lab)}</li>"
+        f'<li data-label="{e(lab)}">{svg.swatch(style[lab].color, style[lab].linestyle)}'
+        f"{e(lab)}</li>"
         for lab in members
     )
     return (

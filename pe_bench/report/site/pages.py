@@ -20,7 +20,7 @@ from pe_bench.report.passkey import accuracy_table, passkey_rows
 from pe_bench.report.ranking import ranked_by
 from pe_bench.report.ruler import ruler_rows, score_table
 from pe_bench.report.sections import provenance_markdown, summary_markdown, trained_models
-from pe_bench.report.site import boards, schemes
+from pe_bench.report.site import boards, scale, schemes
 from pe_bench.report.site.boards import (
     KINDS,
     Board,
@@ -336,6 +336,20 @@ def task_index(report: Report, name: str, info: dict[str, Label]) -> tuple[str, 
     return "\n".join(parts), found
 
 
+def ladder_index(report: Report, name: str, info: dict[str, Label], root: Path) -> str:
+    """The index of a scale ladder's report: the scale view, the schemes, provenance."""
+    anchors = ["rungs", "claims", "ratio", "nll", "ranking", "separated", "schemes", "about"]
+    parts = [
+        f"<h1>Scale ladder leaderboard: {e(name)}</h1>",
+        scale.intro(report),
+        toc(anchors),
+        *scale.scale_sections(report, info),
+        scheme_list(info),
+        about(report, root),
+    ]
+    return "\n".join(parts)
+
+
 def check_site_folder(out: Path) -> None:
     """Refuse ``out`` unless it is a new or empty folder or holds an earlier pe-bench site
     (which a new one replaces): checked before a report writes anything."""
@@ -370,6 +384,8 @@ def write_site(report: Report, root: Path, out: Path) -> Path:
     info = boards.labels(report.frame)
     if report.tasks:
         body, found = task_index(report, name, info)
+    elif "scale_far" in report.tables:
+        body, found = ladder_index(report, name, info, root), []
     else:
         body, found = perplexity_index(report, name, info, root)
     files = {"index.html": page(f"pe-bench leaderboard: {name}", body, "", name)}
@@ -385,4 +401,6 @@ def write_site(report: Report, root: Path, out: Path) -> Path:
     static = resources.files("pe_bench.report.site").joinpath("static")
     for asset in ASSETS:
         atomic_write_bytes(out / "assets" / asset, static.joinpath(asset).read_bytes())
+    for figure in scale.FIGURES.keys() & report.figures.keys():  # a ladder's PNGs
+        atomic_write_bytes(out / "figures" / f"{figure}.png", report.figures[figure].read_bytes())
     return out / "index.html"

@@ -124,7 +124,7 @@ def scheme_page(
     site: str,
 ) -> str:
     """The page of one scheme (or eval-time variant, or pretrained model)."""
-    df, costs = report.frame, report.tables["cost"]
+    df, costs = report.frame, report.tables.get("cost", pd.DataFrame(columns=["label"]))
     names = [lab.name for lab in labs]
     kinds = ", ".join(dict.fromkeys(KINDS.get(lab.kind, lab.kind) for lab in labs))
     shown = ", ".join(f"`{n}`" for n in names)

@@ -36,6 +36,17 @@ class Series:
     faint: bool = False  # a landmark drawn in grey, without points
 
 
+def swatch(color: str, dash: str) -> str:
+    """A legend entry's line: its colour and its dash, as the curve draws it (a block of
+    colour showed neither dash nor which of two same-coloured lines it was)."""
+    pattern = attrs(stroke_dasharray=DASHES.get(dash))
+    return (
+        f'<svg class="sw" viewBox="0 0 30 8" width="30" height="8" aria-hidden="true">'
+        f'<line x1="1" y1="4" x2="29" y2="4" stroke="{e(color)}" stroke-width="2.2"{pattern}/>'
+        "</svg>"
+    )
+
+
 def ticks(low: float, high: float, log: bool) -> list[float]:
     """Tick values for an axis from ``low`` to ``high``: 1-2-5 steps on a log axis, a step of
     1, 2, 2.5 or 5 times a power of ten on a linear one (4 to 8 ticks)."""

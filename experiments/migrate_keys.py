@@ -290,6 +290,7 @@ class Folder:
         # no key reads the device: a GPU run's records are checked on a machine without one
         job = plan(replace(run_cfg, train=replace(run_cfg.train, device="cpu")))
         self.pe_source = job.pe_source
+        self.caveat = job.scheme.caveat  # what the trained scheme's records say of it today
         self.variants = {t.variant: (t.variant_hash, t.variant_source) for t in job.tasks}
 
     def _hf_keys(self) -> None:
@@ -312,6 +313,7 @@ class Folder:
         built = build_variants(from_node(EvalConfig, self.cfg["eval"], "eval"), spec)
         self.hf_variants = {v.key: v for v in built}
         self.pe_source = pretrained_key()
+        self.caveat = None  # a pretrained model's caveats are its variants'
         self.variants = {"none": ("", "")} | {
             v.key: (config_hash(self.variant_cfgs[v.key]), variant_key(v, self.dims)) for v in built
         }
@@ -453,6 +455,14 @@ def migrate(results: Path, check: bool) -> int:
                 continue
             old_key = record_key(record)
             _set_after(record, "pe_source", folder.pe_source, "config_hash")
+            if (
+                folder.caveat is not None
+                and record["variant"] == "none"
+                and "finetune" not in record
+            ):
+                record.pop("caveat", None)
+                if folder.caveat:
+                    record["caveat"] = folder.caveat
             if record["variant"] != "none":
                 record["variant_hash"] = today_hash
                 _set_after(record, "variant_source", today_variant, "tokens")

@@ -22,6 +22,7 @@ from tests.helpers import ROOT, record, report_command, separable_seeds, write_r
 COMMITTED = {
     "zoo": ROOT / "docs" / "site" / "zoo",
     "tasks_quick": ROOT / "docs" / "site" / "tasks_quick",
+    "scale": ROOT / "docs" / "site" / "scale",
 }
 
 

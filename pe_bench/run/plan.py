@@ -221,7 +221,7 @@ def check_corpus_length(cfg: RunConfig) -> None:
     settings = [("train", cfg.train)]
     settings += [(f"finetunes.{k}", ft.train_config(cfg.train)) for k, ft in cfg.finetunes.items()]
     for where, train in settings:
-        if size is not None and train.seq_len + 1 > size:
+        if size and train.seq_len + 1 > size:  # an empty text: the loader names it
             path = cfg.data.path
             corpus = f"data.path={path!r}" if path else f"data={cfg.data.source}"
             share = 1 - cfg.data.valid_frac - cfg.data.test_frac

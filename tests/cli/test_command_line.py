@@ -265,7 +265,8 @@ ROUND_3 = [
         ["data.tokenizer=bpe", "data.vocab_size=100000000000000000000"],
         "allowed: data.vocab_size of at most ",
     ),
-    (["train.seq_len=2000000000"], "GiB of cpu memory here; allowed: train.seq_len of at most "),
+    (["train.seq_len=10000000"], "GiB of cpu memory here; allowed: "),  # a batch or a length
+    (["train.seq_len=2000000000"], "is longer than the corpus: data=stdlib holds "),
 ]
 # model=hf: a scheme, a fine-tune or a training key it would ignore (no model is loaded).
 PRETRAINED_UNREAD = [

@@ -162,7 +162,9 @@ def test_irope_defaults_follow_the_training_length():
     pos = torch.arange(16)
     assert torch.equal(allowed_keys(irope, pos, pos, 0), causal_allowed(16, 16, pos.device))
     assert (irope.logit_scale(pos, pos, 3) > 1).tolist() == [False] * 15 + [True]
-    assert irope.caveat == ""
+    assert irope.caveat.startswith("window 16 >= L_train: no training window crosses a chunk")
+    shorter = build_scheme({"name": "irope", "window": 8}, DIMS)
+    assert shorter.caveat == ""  # training crosses its chunks, as Llama 4's does
 
 
 def test_irope_refuses_an_unknown_rope_attention():

@@ -7,16 +7,16 @@ GPU folder trained on the same corpus (corpus_sha checked), perplexity per schem
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from pe_bench.records import load_records
+
 
 def records(folder: Path) -> pd.DataFrame:
-    rows = [json.loads(line) for p in folder.glob("*/records.jsonl") for line in p.open()]
-    df = pd.DataFrame(rows)
+    df = load_records(folder)
     df = df[(df["seed"] == 0) & (df["status"] == "ok")]
     df["label"] = df["scheme"] + df["variant"].map(lambda v: "" if v == "none" else f"+{v}")
     return df

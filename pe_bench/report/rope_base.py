@@ -168,22 +168,22 @@ def liu_sentence(row: pd.Series, longest: int) -> str:
     return f"{bound}; disagrees: it breaks later, at {measured}."
 
 
-def men_sentence(row: pd.Series, train_len: int, longest: int) -> str:
+def men_sentence(row: pd.Series, train_len: int, lengths: list[int]) -> str:
     """Where the measured break agrees with Men et al.'s bound and where not: the bound says
-    which contexts a base can use, so a break within it is consistent (necessary, not
-    sufficient), and perplexity holding past it is the superficial context they describe."""
+    which contexts a base can use, so perplexity that holds only within it is consistent
+    (necessary, not sufficient), and perplexity holding past it (the last of the evaluation
+    ``lengths`` before the break) is the superficial context they describe."""
     measured, supported = row["measured"], row["men_length"]
     bound = f"Men: B(m) >= 0 up to {at_length(supported, MEN_LIMIT)} tokens"
     if supported is not None and supported < train_len:
         bound += f", fewer than L_train = {train_len}"
-    held = longest if measured is None else measured
+    held = lengths[-1] if measured is None else max(n for n in lengths if n < measured)
     if supported is None or held <= supported:
-        seen = f"no break up to {longest}" if measured is None else f"the break at {measured}"
-        return f"{bound}; consistent ({seen}, within the bound)."
-    past = f"holds to {longest}" if measured is None else f"holds until {measured}"
+        return f"{bound}; consistent: perplexity holds to {held}, within the bound."
     return (
-        f"{bound}; perplexity {past}, past the bound: the bound does not predict perplexity "
-        "(Men et al.'s superficial long context; retrieval, not scored here, would test it)."
+        f"{bound}; perplexity holds to {held}, past the bound: the bound does not predict "
+        "perplexity (Men et al.'s superficial long context; retrieval, not scored here, would "
+        "test it)."
     )
 
 
@@ -267,7 +267,8 @@ def section(root: Path, out: Path, df: pd.DataFrame) -> list[str]:
     runs = df[df["label"].isin(rope_bases(df).index)]
     dim = head_dim(root, runs)
     table = break_table(df, train_len, dim)
-    longest = int(df["eval_len"].max())
+    lengths = sorted(int(n) for n in df["eval_len"].dropna().unique())
+    longest = lengths[-1]
     text = markdown(table, longest)
     breaks = [";".join(at_length(b, longest) for b in seeds) for seeds in table["seed_breaks"]]
     write_csv(out / "tables" / "rope_base.csv", table.assign(seed_breaks=breaks))
@@ -284,17 +285,17 @@ def section(root: Path, out: Path, df: pd.DataFrame) -> list[str]:
         *intro(train_len, dim, longest),
         text,
         "",
-        *(sentences(table, train_len, longest) if dim else []),
+        *(sentences(table, train_len, lengths) if dim else []),
         f"![NLL vs length per base; the breaks]({png.relative_to(out).as_posix()})",
         "",
     ]
 
 
-def sentences(table: pd.DataFrame, train_len: int, longest: int) -> list[str]:
+def sentences(table: pd.DataFrame, train_len: int, lengths: list[int]) -> list[str]:
     """One line per base: where its break agrees with each prediction and where not."""
     lines = [
-        f"- **base {base_text(r.base)}**: {liu_sentence(r, longest)} "
-        f"{men_sentence(r, train_len, longest)}"
+        f"- **base {base_text(r.base)}**: {liu_sentence(r, lengths[-1])} "
+        f"{men_sentence(r, train_len, lengths)}"
         for _, r in table.iterrows()
     ]
     return [*lines, ""]

@@ -127,21 +127,26 @@ def test_liu_sentence_says_when_no_bound_is_predicted():
     assert text.startswith("Liu: d_extra = 34 >= d") and "no bound is predicted" in text
 
 
+GRID = [64, 128, 256, 512, 1024]
+
+
 @pytest.mark.parametrize(
     ("measured", "supported", "says"),
     [
-        (128, 500, "consistent (the break at 128, within the bound)"),
-        (None, 5000, "consistent (no break up to 1024, within the bound)"),
+        (128, 500, "consistent: perplexity holds to 64, within the bound"),
+        (128, 122, "consistent: perplexity holds to 64, within the bound"),
+        (None, 5000, "consistent: perplexity holds to 1024, within the bound"),
+        (None, None, "consistent: perplexity holds to 1024, within the bound"),
         (None, 474, "perplexity holds to 1024, past the bound"),
-        (512, 122, "perplexity holds until 512, past the bound"),
+        (512, 122, "perplexity holds to 256, past the bound"),
     ],
 )
 def test_men_sentence_reads_the_bound_as_a_necessary_condition(measured, supported, says):
-    assert says in rope_base.men_sentence(row(measured, None, men_length=supported), 64, 1024)
+    assert says in rope_base.men_sentence(row(measured, None, men_length=supported), 64, GRID)
 
 
 def test_men_sentence_flags_a_base_below_the_bound_for_the_training_length():
-    text = rope_base.men_sentence(row(None, None, men_length=5), 64, 1024)
+    text = rope_base.men_sentence(row(None, None, men_length=5), 64, GRID)
     assert "B(m) >= 0 up to 5 tokens, fewer than L_train = 64" in text
 
 

@@ -18,10 +18,12 @@ reruns it to completion and compares every file with the reference's:
 
 ``--sigint-trials`` interrupt the command as Ctrl-C does (SIGINT) instead, delays drawn the
 same way, and also require of each interrupted process one line saying so as its last, exit
-status 130 and no traceback. ``--plugin-trial`` runs a sweep of ``PLUGIN_SWEEP``'s jobs, one of
-whose schemes raises in training (``tests/plugins/hook_raises.py``), against the sweep of the
-other jobs alone: the failing job named once, exit status 1, no traceback on the console, the
-others' folders equal to the reference's and the report written.
+status 130 and no traceback; or, where the Ctrl-C came once the work had ended (its report
+line written, the interpreter shutting down), exit status 0 and nothing more
+(``cli.console.end_on_ctrl_c``). ``--plugin-trial`` runs a sweep of ``PLUGIN_SWEEP``'s jobs,
+one of whose schemes raises in training (``tests/plugins/hook_raises.py``), against the sweep
+of the other jobs alone: the failing job named once, exit status 1, no traceback on the
+console, the others' folders equal to the reference's and the report written.
 
 The phase a kill landed in is read from the killed process's own log. Writes a table and a
 summary with provenance to ``results/kill_anywhere/`` (atomically) and exits 1 on any mismatch.
@@ -150,7 +152,8 @@ def run_and_kill(
 ) -> tuple[str, str]:
     """Start the command, send it ``sig`` after ``delay`` s; the phase it was in (from its
     log), and what was wrong with how it ended ('' if nothing): after SIGINT, its last line
-    must say it was interrupted, with status 130 and no traceback."""
+    must say it was interrupted, with status 130 and no traceback, or (the work had ended)
+    status 0 without a traceback."""
     mark = log.stat().st_size if log.exists() else 0
     proc = start(out_root, log)
     try:
@@ -162,12 +165,14 @@ def run_and_kill(
     with open(log) as f:
         f.seek(mark)
         text = f.read()
-    wrong = ""
+    where, wrong = phase(text), ""
     if sig == signal.SIGINT:
         last = (text.strip().splitlines() or [""])[-1]
-        if status != INTERRUPTED or not last.startswith(INTERRUPTED_LINE) or "Traceback" in text:
+        said = status == INTERRUPTED and last.startswith(INTERRUPTED_LINE)
+        done = status == 0 and where == "ended"  # in Python's shutdown: the work had ended
+        if not (said or done) or "Traceback" in text:
             wrong = f"exit {status}, last line {last[:120]!r}"
-    return phase(text), wrong
+    return where, wrong
 
 
 def phase(text: str, default: str = "startup") -> str:
@@ -295,7 +300,8 @@ def markdown(summary: Summary, seed: int, elapsed: float) -> str:
         f" to the uninterrupted run ({kills} kills; {len(summary.mismatches)} mismatches)",
         "- trials by kind: " + ", ".join(f"{k} {n}" for k, n in by_kind.items()),
         "- SIGINT (Ctrl-C): each interrupted process's last line says so, exit status 130, no"
-        " traceback; plugin failure: `pe-bench "
+        " traceback (or, a Ctrl-C once the work had ended, exit 0 and nothing more); plugin"
+        " failure: `pe-bench "
         f"{shlex.join(PLUGIN_SWEEP)}` against the sweep without `train_raises`: the failed job"
         " named once, exit 1, no traceback, the other job's folder equal, the report written",
         "- kills by phase: " + ", ".join(f"{k} {n}" for k, n in sorted(phases.items())),

@@ -2,7 +2,9 @@
 one line before anything runs (libgomp only warns, then uses every core), and Ctrl-C ends the
 command in one line with status 130, saying what a rerun does, instead of a traceback. Nothing
 is half-written either way: every file pe-bench writes replaces the old one whole
-(``records.atomic_write``), and a folder's lock goes with its process."""
+(``records.atomic_write``), and a folder's lock goes with its process. Once the work has ended,
+a further Ctrl-C (Python's shutdown joins threads and runs exit hooks: seconds) ends the process
+at once, silently, with the status it was ending with."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import contextlib
 import importlib
 import os
 import re
+import signal
 import sys
 from collections.abc import Iterator
 
@@ -49,9 +52,41 @@ def console(prog: str, rerun: str = RESUME) -> Iterator[None]:
 
 def launch(prog: str, module: str, rerun: str = RESUME) -> None:
     """A console script: ``module``'s ``main`` imported and run inside ``console``, so that a
-    Ctrl-C while its imports load (torch, Hydra: seconds) is one line too."""
-    with console(prog, rerun):
-        importlib.import_module(module).main()
+    Ctrl-C while its imports load (torch, Hydra: seconds) is one line too; then ``end_on_ctrl_c``
+    for the interpreter's shutdown."""
+    try:
+        with console(prog, rerun):
+            importlib.import_module(module).main()
+    except SystemExit as done:
+        end_on_ctrl_c(exit_status(done.code))
+        raise
+    except BaseException:
+        end_on_ctrl_c(1)  # Python's own status for an uncaught error
+        raise
+    end_on_ctrl_c(0)
+
+
+def exit_status(code: object) -> int:
+    """The status ``sys.exit(code)`` gives the process: ``None`` is 0, a message 1."""
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
+
+
+def end_on_ctrl_c(status: int) -> None:
+    """From now on a Ctrl-C ends the process at once with ``status``, printing nothing: the
+    command has said how it ended, and the interpreter's shutdown (threads joined, exit hooks
+    such as a tracker's upload) would otherwise answer a second Ctrl-C with a traceback of its
+    own, or die by the signal, losing the status (130 after an interruption). Files are
+    written whole (``records.atomic_write``), so ending here cuts nothing in half."""
+
+    def end(signum: int, frame: object) -> None:
+        with contextlib.suppress(Exception):  # a write that the signal interrupted
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(status)
+
+    signal.signal(signal.SIGINT, end)
 
 
 def pe_bench() -> None:

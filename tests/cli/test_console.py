@@ -14,7 +14,7 @@ import time
 import pytest
 
 from pe_bench.cli import check, place, report
-from pe_bench.cli.console import INTERRUPTED, console
+from pe_bench.cli.console import INTERRUPTED, RESUME, console
 from tests.helpers import TINY, overridden
 
 
@@ -79,6 +79,52 @@ def test_place_ends_silently_with_its_sweep_s_interruption(monkeypatch, capsys):
     with pytest.raises(SystemExit) as done:
         place.run_sweep(["pe-bench"])
     assert done.value.code == INTERRUPTED and capsys.readouterr().err == ""
+
+
+SLOW_EXIT = """
+import atexit, sys, threading, time
+from pathlib import Path
+
+def linger():
+    Path(sys.argv[1], "exiting").touch()
+    time.sleep(60)
+
+def main():
+    Path(sys.argv[1], "ready").touch()
+    try:
+        time.sleep(60)
+    finally:
+        if sys.argv[2] == "thread":  # joined in the shutdown
+            threading.Thread(target=linger).start()
+        else:  # e.g. a tracker's upload
+            atexit.register(linger)
+"""
+
+
+def wait_for_file(proc: subprocess.Popen, path, timeout: float = 60) -> None:
+    start = time.time()
+    while not path.exists():
+        assert proc.poll() is None and time.time() - start < timeout, proc.poll()
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("lingering", ["thread", "exit hook"])
+def test_a_second_ctrl_c_while_exiting_ends_it_at_once_and_silently(lingering, tmp_path):
+    """Ctrl-C once: the line and status 130; Ctrl-C again while Python shuts down (joining a
+    thread, running an exit hook): nothing more, the status still 130, and no wait. Before,
+    the shutdown printed a KeyboardInterrupt traceback after the line."""
+    (tmp_path / "slow_exit.py").write_text(SLOW_EXIT)
+    code = "import sys; from pe_bench.cli.console import launch; sys.exit(launch('x', 'slow_exit'))"
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.getcwd()}"}
+    command = [sys.executable, "-c", code, str(tmp_path), lingering]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+    wait_for_file(proc, tmp_path / "ready")
+    proc.send_signal(signal.SIGINT)
+    wait_for_file(proc, tmp_path / "exiting")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)  # not the 60 s the shutdown would take
+    assert proc.returncode == INTERRUPTED
+    assert err.splitlines() == [f"x: interrupted; {RESUME}"]
 
 
 def wait_for(proc: subprocess.Popen, log, text: str, timeout: float = 300) -> None:

@@ -104,11 +104,15 @@ class Cable(PositionScheme):
 
     @property
     def caveat(self) -> str:
+        scale = (
+            "the authors' models are 44M-334M parameters at L_train 512 and 1,024 "
+            "(WikiText-103, FineWeb-Edu): their gains were not measured at this model's size"
+        )
         if self.scaled:
-            return ""
+            return scale
         return (
             "logits q . k unscaled, as the authors' code computes them (q and k divided by "
-            "sqrt(C / n_embd) = 1); scaled: true divides by sqrt(h_d) as the paper writes"
+            "sqrt(C / n_embd) = 1); scaled: true divides by sqrt(h_d) as the paper writes; " + scale
         )
 
     def cumulative(self, x: Tensor, layer: int) -> Tensor:

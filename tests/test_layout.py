@@ -26,19 +26,20 @@ NEAR_CAP = MAX_MODULE_LINES - 30
 MAX_CLI_LINES = 150
 # docs/layout.md's floors: a package (or top-level module) imports only from lower floors.
 FLOORS = {
-    "cli": 7,
-    "pretrained": 6,
-    "run": 5,
-    "conformance": 5,
-    "report": 4,
-    "api": 4,  # a scheme in your own model: over model/ and positions/
-    "model": 3,
-    "data": 2,
-    "positions": 2,
-    "records": 1,
-    "config": 1,
-    "resolvers": 1,
-    "stats": 1,
+    "cli": 8,
+    "pretrained": 7,
+    "run": 6,
+    "conformance": 6,
+    "report": 5,
+    "api": 5,  # a scheme in your own model: over model/ and positions/
+    "model": 4,
+    "data": 3,
+    "positions": 3,
+    "records": 2,
+    "config": 2,
+    "resolvers": 2,
+    "stats": 2,
+    "files": 1,
     "errors": 0,
 }
 # Test folders that mirror no package: the experiments' tests and the plugins tests import.

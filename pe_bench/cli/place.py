@@ -14,20 +14,18 @@ Rerunning the command resumes: finished runs are found, not retrained.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 from pe_bench.cli.command_line import check_command, has_option
 from pe_bench.cli.console import INTERRUPTED, console
 from pe_bench.errors import OneLineParser, UserError
+from pe_bench.files import exclusive_lock
 from pe_bench.positions import load_plugin, scheme_class
 from pe_bench.records import COMMANDS, atomic_write_bytes, load_records
 from pe_bench.report.inputs import report_lock
@@ -103,7 +101,7 @@ def copy_records(onto: Path, out: Path) -> None:
     placements at once copy once, the second waiting for the first. A copy that lacks files
     of ``onto`` (cut short by a version of pe-bench that copied in place) gets them back."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    with held(out.parent):
+    with exclusive_lock(out.parent):  # waits for another placement's copy
         for stray in out.parent.glob(f".{out.name}.copy-*"):
             shutil.rmtree(stray, ignore_errors=True)
         if not out.exists():
@@ -132,18 +130,6 @@ def restore_missing(onto: Path, out: Path) -> int:
                 atomic_write_bytes(target, source.read_bytes())
                 restored += 1
     return restored
-
-
-@contextlib.contextmanager
-def held(folder: Path) -> Iterator[None]:
-    """Hold ``folder`` (``flock`` on the folder itself, waiting for another holder): what
-    placements into it copy, one at a time; released when the holder ends or dies."""
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def place(

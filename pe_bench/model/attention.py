@@ -349,7 +349,7 @@ def scheme_logits(
 ) -> Tensor:
     """The logits before the causal mask, ``[b, n_h, s_q, s_k]`` in float32, of queries and
     keys already through ``transform_qk``: scaled q . k, the scheme's bias, ``modify_logits``."""
-    logits = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    logits = (q.float() @ k.float().transpose(-2, -1)).div_(math.sqrt(q.shape[-1]))
     bias = pe.logit_bias(q, k, q_pos, k_pos, layer)
     return pe.modify_logits(
         logits, None if bias is None else bias.float(), q, k, q_pos, k_pos, layer

@@ -5,7 +5,6 @@ two writers of one report apart."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shlex
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from omegaconf import OmegaConf
 
 from pe_bench.data.tokenizer import BYTE
 from pe_bench.errors import UserError
+from pe_bench.files import exclusive_lock
 from pe_bench.records import (
     COMMANDS,
     MODES,
@@ -149,6 +149,7 @@ class Report:
     context: probes.ContextUse | None = None  # the context-use probes' section
     passkey: list[str] = field(default_factory=list)  # the passkey section's markdown lines
     ruler: list[str] = field(default_factory=list)  # the RULER section's markdown lines
+    rope_base: list[str] = field(default_factory=list)  # a sweep over RoPE's base: its section
     tokenizers: str = ""  # what the report says when the records mix tokenizers
     frame: pd.DataFrame = field(default_factory=pd.DataFrame)  # the records the tables hold
     records: pd.DataFrame = field(default_factory=pd.DataFrame)  # every checked record
@@ -250,24 +251,22 @@ def report_lock(out: Path, wait: bool = False) -> Iterator[None]:
     if held in _HELD:
         yield
         return
-    fd = os.open(out, os.O_RDONLY)  # a lock on the folder itself: no lock file to leave
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if not wait:
-                raise UserError(
-                    f"{out} is being written by another report; wait for it to end"
-                ) from None
-            fcntl.flock(fd, fcntl.LOCK_EX)
+
+    def busy() -> None:
+        if not wait:
+            raise UserError(
+                f"{out} is being written by another report; wait for it to end"
+            ) from None
+
+    with exclusive_lock(out, busy):  # a lock on the folder itself: no lock file to leave
         for pattern in STRAYS:
             for stray in out.glob(pattern):
                 stray.unlink(missing_ok=True)
         _HELD.add(held)
-        yield
-    finally:
-        _HELD.discard(held)
-        os.close(fd)  # releases the lock
+        try:
+            yield
+        finally:
+            _HELD.discard(held)
 
 
 def commands(root: Path) -> list[str]:

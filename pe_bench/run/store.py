@@ -19,7 +19,6 @@ killed run left behind, since nobody else is writing them.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import shutil
 from collections import Counter
@@ -29,6 +28,7 @@ from typing import Any
 
 from pe_bench.data.tokenizer import ByteTokenizer
 from pe_bench.errors import UserError, os_message
+from pe_bench.files import exclusive_lock
 from pe_bench.records import (
     CURVE,
     POSITIONS,
@@ -68,21 +68,17 @@ def job_lock(folder: Path, take: bool = True, wait: bool = False) -> Iterator[No
         yield
         return
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / LOCK, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if not wait:
-                raise UserError(
-                    f"{folder} is in use by another pe-bench run (it holds {folder / LOCK}); "
-                    "wait for it to end, or pick another out_root"
-                ) from None
-            log.info("%s: another pe-bench run holds it; waiting for that run to end", folder)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def busy() -> None:
+        if not wait:
+            raise UserError(
+                f"{folder} is in use by another pe-bench run (it holds {folder / LOCK}); "
+                "wait for it to end, or pick another out_root"
+            ) from None
+        log.info("%s: another pe-bench run holds it; waiting for that run to end", folder)
+
+    with exclusive_lock(folder / LOCK, busy):
+        yield
 
 
 def record_failure(folder: Path, err: BaseException) -> None:

@@ -189,3 +189,24 @@ def test_stickbreaking_model_attends_through_its_weights(monkeypatch):
     with torch.no_grad():
         out = model(torch.randint(0, 256, (1, 64)))
     assert len(calls) == 2 and torch.isfinite(out).all()
+
+
+def test_stickbreaking_far_keys_weigh_zero_and_match_the_old_code(dims):
+    """Past the training length the stick is spent within a few hundred keys: the far keys'
+    weights are exactly 0 (none subnormal, none at the clamp's e tiny), and every weight equals
+    the code before the floor (``tests/model/old_paths.py``) within float tolerance, in a long
+    window, for the last queries alone and with gradients."""
+    from tests.model.old_paths import stickbreaking_weights
+
+    sb = build_scheme({"name": "stickbreaking"}, dims)
+    s = 2048
+    logits = 3 * torch.randn(1, 2, 8, s, generator=torch.Generator().manual_seed(0))
+    allowed = causal_allowed(8, s, logits.device)
+    got = sb.attention_weights(logits, allowed)
+    expected = stickbreaking_weights(sb, logits, allowed)
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-30)
+    tiny = (got > 0) & (got <= 1e-30)
+    assert not tiny.any() and (got[..., : s // 2] == 0).all()
+    leaf = logits.clone().requires_grad_()
+    (sb.attention_weights(leaf, allowed) * torch.randn(1, 2, 8, s)).sum().backward()
+    assert torch.isfinite(leaf.grad).all()

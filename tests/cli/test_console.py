@@ -115,7 +115,10 @@ def test_a_second_ctrl_c_while_exiting_ends_it_at_once_and_silently(lingering, t
     thread, running an exit hook): nothing more, the status still 130, and no wait. Before,
     the shutdown printed a KeyboardInterrupt traceback after the line."""
     (tmp_path / "slow_exit.py").write_text(SLOW_EXIT)
-    code = "import sys; from pe_bench.cli.console import launch; sys.exit(launch('x', 'slow_exit'))"
+    code = (  # Ctrl-C as from a shell: pytest-xdist's workers ignore it, and children inherit that
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from pe_bench.cli.console import launch; sys.exit(launch('x', 'slow_exit'))"
+    )
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.getcwd()}"}
     command = [sys.executable, "-c", code, str(tmp_path), lingering]
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)

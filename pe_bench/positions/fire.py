@@ -73,15 +73,19 @@ class FIRE(PositionScheme):
         self.c = nn.Parameter(torch.full((dims.num_layers,), init_c))
         self.tau_multiplier = nn.Parameter(torch.ones(dims.num_layers))
 
+    def psi(self, n: Tensor, layer: int) -> Tensor:
+        """psi(n) = ln(|c| n + 1) of distances ``n``, clamped at 0 first (float32)."""
+        return torch.log1p(self.c[layer].abs() * n.clamp(min=0).float())
+
+    def normaliser(self, q_pos: Tensor, layer: int) -> Tensor:
+        """psi(max(tau, i)) + eps of each query: ``[s_q]``."""
+        tau = (self.tau_multiplier[layer] * self.init_tau).abs()
+        return torch.log1p(self.c[layer].abs() * torch.maximum(q_pos.float(), tau)) + self.eps
+
     def normalised_distance(self, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
         """psi(i - j) / psi(max(tau, i)): ``[s_q, s_k]``, in [0, 1] where j <= i."""
-        c = self.c[layer].abs()
-        tau = (self.tau_multiplier[layer] * self.init_tau).abs()
-        n = distances(q_pos, k_pos).clamp(min=0).float()
-        normaliser = torch.maximum(q_pos.float(), tau)  # [s_q]
-        psi_n = torch.log1p(c * n)
-        psi_i = torch.log1p(c * normaliser) + self.eps
-        return psi_n / psi_i.unsqueeze(-1)
+        psi_n = self.psi(distances(q_pos, k_pos), layer)
+        return psi_n / self.normaliser(q_pos, layer).unsqueeze(-1)
 
     def pieces(self, layer: int) -> tuple[Tensor, Tensor]:
         """f of ``layer`` as the piecewise-linear function it is: f(x) = sum_o W2_o
@@ -104,15 +108,29 @@ class FIRE(PositionScheme):
         return kinks[order], torch.cat([slope, intercept], dim=-1)
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
-        """f_h(x) at every pair, exactly as its line on x's segment (``pieces``): a search
-        among the kinks and a gather of 2 n_h numbers per pair instead of mlp_width hidden
-        units (8x faster at 64 x 8192 pairs: 46 against 367 ms)."""
-        x = self.normalised_distance(q_pos, k_pos, layer).float()  # [s_q, s_k]
+        """f_h(x) at every pair, exactly as its line on x's segment (``pieces``), heads
+        leading, with no search per pair. The positions are taken to be consecutive and the
+        queries the last keys (as ``positions`` gives them and the model's windows and chunks
+        are), so x comes from one table of psi by distance, read with the keys reversed, where
+        x rises along each row: a row is one run of pairs per segment, the runs' ends one
+        ``searchsorted`` of the kinks per row, and each pair's line one ``index_select``.
+        One query chunk of 64 x 8192 pairs (4 heads, 1 thread, Xeon AVX512): 11 ms against 28
+        with a ``bucketize`` per pair."""
+        s_q, s_k = q_pos.shape[-1], k_pos.shape[-1]
+        # key s_k - 1 - m of query r is at distance r + m - (s_q - 1): a strided table read
+        psi = self.psi(torch.arange(1 - s_q, s_k, device=q_pos.device), layer)
+        rising = psi.unfold(0, s_k, 1).clone(memory_format=torch.contiguous_format)
+        rising = rising.div_(self.normaliser(q_pos, layer).unsqueeze(-1))  # x, keys reversed
         kinks, lines = self.pieces(layer)
-        line = F.embedding(torch.bucketize(x, kinks, right=True), lines)  # [s_q, s_k, 2 n_h]
+        edges = F.pad(torch.searchsorted(rising, kinks.expand(s_q, -1).contiguous()), (1, 1))
+        edges[:, -1] = s_k  # run w of a reversed row: pairs edges[w] .. edges[w + 1] - 1
+        runs = edges.diff(dim=-1).flip(-1)  # in key order: the last segment first
+        run_of_pair = torch.repeat_interleave(runs.flatten(), output_size=s_q * s_k)
+        line_of_run = lines.flip(0).T.repeat(1, s_q)  # [2 n_h, s_q (W + 1)]
+        line = line_of_run.index_select(1, run_of_pair).view(-1, s_q, s_k)  # [2 n_h, s_q, s_k]
         heads = self.dims.num_heads
-        bias = torch.addcmul(line[..., heads:], line[..., :heads], x.unsqueeze(-1))
-        return bias.permute(2, 0, 1).to(self.mlp[layer][0].weight.dtype)  # [n_h, s_q, s_k]
+        bias = torch.addcmul(line[heads:], line[:heads], rising.flip(-1))
+        return bias.to(self.mlp[layer][0].weight.dtype)  # [n_h, s_q, s_k]
 
     def score_bias_reference(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int

@@ -83,11 +83,19 @@ class FoPE(RoPE):
 
     @property
     def caveat(self) -> str:
+        kept, pairs = len(self.basis), self.dims.head_dim // 2
+        scale = (
+            f"at L_train {self.dims.train_len} only {kept} of {pairs} frequencies complete a "
+            "period and make the series (the authors' OLMo models, 60M-1.2B parameters at "
+            "L_train 512 and 1,024, keep about half); the paper's gains were not measured at "
+            "this model's size"
+        )
         if self.zero_freq_sin == 0:
-            return ""
+            return scale
         return (
             "pairs past the series get cos = sin = 1 as in the authors' code (x + rotate_half(x): "
-            "twice the weight of the paper's zero frequency; zero_freq_sin: 0 gives the paper's)"
+            "twice the weight of the paper's zero frequency; zero_freq_sin: 0 gives the paper's); "
+            + scale
         )
 
     def series(self, x: Tensor, pos: Tensor, layer: int) -> Tensor:

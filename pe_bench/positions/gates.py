@@ -11,10 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pe_bench.positions.base import ModelDims, PositionScheme, register
-
-# Stick-breaking weights at or below this are 0 (``StickBreaking.attention_weights``).
-WEIGHT_FLOOR = 1e-30
+from pe_bench.positions.base import WEIGHT_FLOOR, ModelDims, PositionScheme, register
 
 
 @register("fox")
@@ -107,11 +104,15 @@ class Cable(PositionScheme):
 
     @property
     def caveat(self) -> str:
+        scale = (
+            "the authors' models are 44M-334M parameters at L_train 512 and 1,024 "
+            "(WikiText-103, FineWeb-Edu): their gains were not measured at this model's size"
+        )
         if self.scaled:
-            return ""
+            return scale
         return (
             "logits q . k unscaled, as the authors' code computes them (q and k divided by "
-            "sqrt(C / n_embd) = 1); scaled: true divides by sqrt(h_d) as the paper writes"
+            "sqrt(C / n_embd) = 1); scaled: true divides by sqrt(h_d) as the paper writes; " + scale
         )
 
     def cumulative(self, x: Tensor, layer: int) -> Tensor:
@@ -162,14 +163,13 @@ class StickBreaking(PositionScheme):
         """In log space: with S_ij = sum_{j<=k<i} softplus(z_ik) (one reversed cumulative sum),
         ln A_ij = logsigmoid(z_ij) - S_{i,j+1} = z_ij - S_ij, and the remainder is exp(-S_i0).
 
-        Weights below ``WEIGHT_FLOOR`` are 0 (a query's weights sum to 1, so its output moves
-        by at most s_k 1e-30 max|v|, far below float32's rounding): log weights are raised to
-        ln(tiny) + 1 before ``exp`` and the results at most the floor then zeroed, so that no
-        ``exp`` returns a subnormal and no product with v is one. Both take slow paths on the
-        CPU (1 thread, Xeon AVX512, [4, 64, 8192]: ``exp`` of -100 123 ms against 1.5; the
-        product with v of weights of 3e-38 122 ms against 2.2), and far keys' weights sit
-        there: a query's stick is spent within a few hundred keys. The sum, the log weights
-        and the remainder are written in place, into tensors made here."""
+        Weights at most ``WEIGHT_FLOOR`` are 0, as the softmax's (``PositionScheme``): log
+        weights are raised to ln(tiny) + 1 before ``exp`` and the results at most the floor
+        then zeroed, so that no ``exp`` returns a subnormal and no product with v is one. Both
+        take slow paths on the CPU (1 thread, Xeon AVX512, [4, 64, 8192]: ``exp`` of -100
+        123 ms against 1.5; the product with v of weights of 3e-38 122 ms against 2.2), and
+        far keys' weights sit there: a query's stick is spent within a few hundred keys. The
+        sum, the log weights and the remainder are written in place, into tensors made here."""
         s_q, s_k = allowed.shape
         # ``allowed`` hides keys in its last s_q columns only, unless the scheme hides more
         # (``attention_mask``): only they are masked (a ``where`` over every pair was a fifth

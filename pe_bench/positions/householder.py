@@ -174,7 +174,9 @@ class PaTH(PositionScheme):
     def caveat(self) -> str:
         return (
             "PaTH as fla's PaTHAttention (no forget gate, no QK norm) inside pe-bench's "
-            "LayerNorm/GELU trunk, not fla's RMSNorm/SwiGLU one"
+            "LayerNorm/GELU trunk, not fla's RMSNorm/SwiGLU one; no PaTH-FoX; the paper's "
+            "state-tracking tasks are not in a language-model loss, and its language models "
+            "are far larger than this one"
         )
 
     def attend(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, pos: Tensor, layer: int) -> Tensor:

@@ -78,12 +78,17 @@ class NoPETemperature(PositionScheme):
 
     @property
     def caveat(self) -> str:
-        return (
+        search = (
             f"head scales fitted at each eval length on {self.calibration_tokens} held-out "
             f"(validation) tokens in {self.steps} steps (the authors: once, at the target "
             "length, 200 steps of 8 x 8k tokens of training data)"
             if self.search == "head"
             else f"one scale for every head, the best of {list(self.candidates)} per eval length"
+        )
+        return search + (
+            "; scales in float32 (the authors' scale_param is bfloat16); the query scale "
+            "transcribed from models/llama_nope.py, not run from it; the authors' NoPE model "
+            "is TinyLlama 1.1B, trained at 2k tokens and head-scaled to 8k"
         )
 
     def scales(self, seq_len: int) -> Tensor | None:

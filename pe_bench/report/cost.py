@@ -162,10 +162,12 @@ def cost_notes(df: pd.DataFrame, table: pd.DataFrame) -> list[str]:
     kinds = cpu_kinds(ok)  # '' for records that name no CPU: the notes read as they did
     if kinds:
         notes.append(f"CPU (ATen kernels): {kinds}.")
-    machines = ok["hardware"].nunique() if "hardware" in ok else 0
+    machine_columns = [c for c in ("hardware", "cpu_model") if c in ok]
+    machines = len(ok[machine_columns].drop_duplicates()) if machine_columns else 0
     if machines > 1:
         notes.append(
-            f"The records come from {machines} machines; a row's times are those of its own."
+            f"The records come from {machines} machines (thread count and CPU model); a row's "
+            "median mixes them where its runs ran on more than one."
         )
     gaps = missing(df)
     if gaps:

@@ -75,7 +75,8 @@ def test_scaled_is_the_papers_one_over_sqrt_h_d():
     )
     ctx = ForwardContext(cable, pos, flex=False, bias_cache=None)
     assert (layer(x, ctx)[0] - torch.tensor(OUTPUT)).abs().max() > 1e-2
-    assert cable.caveat == "" and "unscaled" in unscaled.caveat
+    assert "unscaled" not in cable.caveat and "unscaled" in unscaled.caveat
+    assert "44M-334M parameters" in cable.caveat  # the scale this model cannot show, both ways
 
 
 def test_weights_by_hand():

@@ -50,3 +50,24 @@ def test_bias_is_the_layers_mlp_of_the_normalised_distance(dims):
     x = fire.normalised_distance(pos, pos, 1)[9, 3].reshape(1, 1)
     assert torch.allclose(bias[:, 9, 3], fire.mlp[1](x).flatten(), atol=1e-6)
     assert not torch.allclose(bias, fire.score_bias(None, None, pos, pos, 0))
+
+
+@pytest.mark.parametrize(("s_q", "shift"), [(1, 0), (64, 0), (300, 0), (64, 1000)])
+def test_fast_bias_equals_the_mlp_on_long_windows(dims, s_q, shift):
+    """The bias read from lines by runs of a row (``score_bias``) equals the MLP itself
+    (``score_bias_reference``) at 1,200 keys (the training length is 64) for the last s_q
+    queries, positions shifted or not, with kinks inside the distances' range (an MLP
+    perturbed so that every unit has one between 0 and 1, some with w < 0)."""
+    fire = build_scheme({"name": "fire"}, dims)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        first = fire.mlp[1][0]
+        first.weight.copy_(torch.randn(first.weight.shape, generator=generator))
+        kinks = torch.rand(first.bias.shape, generator=generator)
+        first.bias.copy_(-kinks * first.weight[:, 0])
+        fire.c[1] = 0.3
+    keys = torch.arange(1200) + shift
+    fast = fire.score_bias(None, None, keys[-s_q:], keys, 1)
+    slow = fire.score_bias_reference(None, None, keys[-s_q:], keys, 1)
+    allowed = keys <= keys[-s_q:].unsqueeze(-1)
+    assert torch.allclose(fast[:, allowed], slow[:, allowed], rtol=1e-5, atol=1e-5)

@@ -144,7 +144,8 @@ def test_without_noise_and_with_the_papers_zero_frequency_it_is_hope():
     torch.testing.assert_close(
         attention_logits(fope, q, k, pos, pos), attention_logits(hope, q, k, pos, pos)
     )
-    assert fope.caveat == ""
+    # the paper's form: only the scale it cannot show (5 of 16 frequencies at L_train 64)
+    assert "zero_freq_sin" not in fope.caveat and "only 5 of 16 frequencies" in fope.caveat
 
 
 def test_the_codes_padding_doubles_the_unrotated_pairs():

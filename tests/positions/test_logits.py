@@ -13,6 +13,7 @@ from pe_bench.errors import UserError
 from pe_bench.model.attention import attention_logits, causal_allowed
 from pe_bench.positions import build_scheme
 from pe_bench.positions import logits as logits_module
+from pe_bench.positions.base import WEIGHT_FLOOR
 from tests.helpers import tiny_model
 
 # ---- DAPE ------------------------------------------------------------------------------------
@@ -174,3 +175,18 @@ def test_ssmax_sharpens_attention_past_training(dims):
     plain_top = F.softmax(logits, -1)[..., -1].item()
     assert plain_top < 0.13  # attention fades: e^5 / (e^5 + 1023)
     assert F.softmax(scaled, -1)[..., -1].item() > 0.8  # 1024^(0.43 * 5) / (... + 1023)
+
+
+def test_softmax_weights_at_most_the_floor_are_zero(dims):
+    """The default ``attention_weights`` (DAPE's, ReRoPE's) zeroes weights <= 1e-30 and keeps
+    the others as the softmax gives them, with gradients as well."""
+    dape = build_scheme({"name": "dape_alibi"}, dims)
+    logits = torch.linspace(-120.0, 0.0, 64).expand(1, 2, 4, 64).clone()
+    allowed = causal_allowed(4, 64, logits.device)
+    got = dape.attention_weights(logits, allowed)
+    softmax = logits.masked_fill(~allowed, float("-inf")).softmax(-1)
+    assert (got[softmax <= WEIGHT_FLOOR] == 0).all() and (softmax[softmax > 0] <= 1e-30).any()
+    assert torch.equal(got[softmax > WEIGHT_FLOOR], softmax[softmax > WEIGHT_FLOOR])
+    leaf = logits.requires_grad_()
+    dape.attention_weights(leaf, allowed)[..., -1].sum().backward()
+    assert torch.isfinite(leaf.grad).all()

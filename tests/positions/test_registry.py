@@ -62,3 +62,23 @@ def test_a_plugin_that_raises_is_one_line(dims):
         build_scheme({"name": "x", "plugin": "tests.plugins.raises_at_import"}, dims)
     with pytest.raises(UserError, match=r"TypeError: @register\('not_a_scheme'\) needs a Pos"):
         build_scheme({"name": "x", "plugin": "tests.plugins.not_a_scheme"}, dims)
+
+
+# Issue 38: each new label's caveat says what differs from its paper and what this small
+# model cannot show (the paper's scale), so both travel with its records.
+NEW_LABEL_CAVEATS = {
+    "pope": ("PoPE-pytorch", "124M-774M parameters"),
+    "fope": ("authors' code", "60M-1.2B parameters"),
+    "bipe": ("BiPE's code", "151M and 1.6B parameters"),
+    "bipe_alibi": ("BiPE's code", "151M and 1.6B parameters"),
+    "cable": ("authors' code", "44M-334M parameters"),
+    "path": ("fla's PaTHAttention", "far larger than this one"),
+    "nope_temp": ("bfloat16", "TinyLlama 1.1B"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NEW_LABEL_CAVEATS))
+def test_new_labels_caveats_say_what_differs_and_what_the_scale_hides(name, dims):
+    caveat = build_scheme({"name": name}, dims).caveat
+    differs, scale = NEW_LABEL_CAVEATS[name]
+    assert differs in caveat and scale in caveat

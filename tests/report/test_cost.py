@@ -66,6 +66,16 @@ def test_records_from_two_machines_are_said_to_be(tmp_path):
     assert "The records come from 2 machines" in " ".join(notes)
 
 
+def test_one_thread_count_on_two_cpu_models_is_two_machines():
+    """Records that differ only by CPU model (an AMD EPYC seed beside an Intel Xeon seed, as in
+    results/mqar_cpu) are two machines: their hardware strings alone read as one."""
+    found = rows()
+    for r in found:
+        r["cpu_model"] = "AMD EPYC" if r["seed"] == 0 else "Intel(R) Xeon(R) Processor"
+    notes = " ".join(cost.cost_notes(prepared(found), cost.cost_table(prepared(found))))
+    assert "The records come from 2 machines (thread count and CPU model)" in notes
+
+
 def test_the_report_has_a_cost_section_and_table(tmp_path):
     write_runs(tmp_path, rows())
     build_report(tmp_path, echo=False)

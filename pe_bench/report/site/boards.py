@@ -16,6 +16,7 @@ from pe_bench.report.best import value_marks
 from pe_bench.report.metrics import spec
 from pe_bench.report.site import svg
 from pe_bench.report.site.html import Cell, Column, Row, data_json, e, table
+from pe_bench.report.site.papers import citation
 
 KINDS = {"trained": "trained", "eval-time": "eval-time variant", "fine-tuned": "fine-tuned"}
 
@@ -71,23 +72,37 @@ class Board:
     higher: bool = False
     log: bool = False
     bounds: tuple[float, float] | None = None
-    extra: list[tuple[Column, dict[str, Cell]]] = field(default_factory=list)
+    lead: list[tuple[Column, dict[str, Cell]]] = field(default_factory=list)  # before lengths
+    lead_pairs: dict[str, pd.DataFrame] = field(default_factory=dict)  # a lead column's mark
+    extra: list[tuple[Column, dict[str, Cell]]] = field(default_factory=list)  # after them
+    metric: str = ""  # the records' field it is the mean of ('' for pooled trials: passkey)
+    task: str = ""  # the synthetic task whose records it holds ('' for every record)
+    csv: tuple[str, ...] = ()  # the report's tables/*.csv it is read from, without .csv
 
     @property
     def lengths(self) -> list[int]:
         return sorted(int(n) for n in self.stats["eval_len"].unique())
 
     def head(self, length: int) -> str:
-        return f"{length} ({length / self.train_len:g}x)"
+        return f"{length} ({self.factor(length)}x)"
+
+    def factor(self, length: int) -> str:
+        """``length`` as a multiple of the training length (what the length filter picks)."""
+        return f"{length / self.train_len:g}"
+
+    def parts(self, cell: pd.Series) -> tuple[str, str]:
+        """The mean and ``[low, high]`` of a stats row, as the report prints them ('–' and ''
+        without them)."""
+        if cell["n"] == 0 or pd.isna(cell["mean"]):
+            return "–", ""
+        if pd.isna(cell["ci_low"]) or pd.isna(cell["ci_high"]):
+            return self.fmt.format(cell["mean"]), ""
+        low, high = self.fmt.format(cell["ci_low"]), self.fmt.format(cell["ci_high"])
+        return self.fmt.format(cell["mean"]), f"[{low}, {high}]"
 
     def text(self, cell: pd.Series) -> str:
         """``mean [low, high]`` of a stats row, as the report prints it ('–' without one)."""
-        if cell["n"] == 0 or pd.isna(cell["mean"]):
-            return "–"
-        text = self.fmt.format(cell["mean"])
-        if not (pd.isna(cell["ci_low"]) or pd.isna(cell["ci_high"])):
-            text += f" [{self.fmt.format(cell['ci_low'])}, {self.fmt.format(cell['ci_high'])}]"
-        return text
+        return " ".join(part for part in self.parts(cell) if part)
 
 
 def metric_board(
@@ -112,34 +127,37 @@ def metric_board(
         higher=shown.higher_is_better,
         log=shown.log_axis,
         bounds=shown.bounds,
+        metric=metric,
     )
 
 
 def board_table(board: Board, info: dict[str, Label], root: str, facts: bool = True) -> str:
-    """The board's sortable table (with family and kind columns when ``facts``) and, on a board
-    of every label, the data ``site.js`` needs to mark the rows shown."""
+    """The board's sortable table: the label, ``board.lead``, a column per length,
+    ``board.extra`` and, when ``facts``, the label's family, kind and paper; on a board of
+    every label, the data ``site.js`` needs to mark the rows shown."""
     pairs = board.pairs if board.pairs is not None else pd.DataFrame()
     marks = value_marks(board.stats, pairs, board.higher) if len(pairs) else {}
     best = "high" if board.higher else "low"
-    columns = [Column("scheme", "text")]
-    columns += [Column("family", "text"), Column("kind", "text")] if facts else []
-    columns += [Column(board.head(n), best=best, length=n) for n in board.lengths]
-    columns += [col for col, _ in board.extra]
+    lengths = [
+        Column(board.head(n), best=best, length=n, factor=board.factor(n)) for n in board.lengths
+    ]
+    columns = [Column("scheme", "text"), *(col for col, _ in board.lead), *lengths]
+    columns += [col for col, _ in board.extra] + (FACTS if facts else [])
     rows = []
     for lab, cells in board.stats.groupby("label", sort=False):
         about = info[lab]
         link = f'<a href="{root}schemes/{slug(about.page)}.html">{e(lab)}</a>'
-        row = [Cell(lab, lab, html=link)]
-        if facts:
-            row += [
-                Cell(about.family, about.family),
-                Cell(KINDS.get(about.kind, about.kind), about.kind),
-            ]
+        row = [
+            Cell(lab, lab, html=link),
+            *(by_label.get(lab, Cell()) for _, by_label in board.lead),
+        ]
         for cell in cells.itertuples():
             value = cell.mean if cell.n > 0 else math.nan
             mark = marks.get((lab, cell.eval_len), "")
-            row.append(Cell(board.text(pd.Series(cell._asdict())), value, mark))
-        row += [cells_by_label.get(lab, Cell()) for _, cells_by_label in board.extra]
+            mean, ci = board.parts(pd.Series(cell._asdict()))
+            row.append(Cell(mean, value, mark, ci=ci))
+        row += [by_label.get(lab, Cell()) for _, by_label in board.extra]
+        row += fact_cells(about) if facts else []
         rows.append(Row(row, {"label": lab, "family": about.family, "kind": about.kind}))
     html = table(columns, rows, board.key)
     if board.pairs is None:  # no paired test (passkey) or a part of a board (a scheme page)
@@ -148,18 +166,42 @@ def board_table(board: Board, info: dict[str, Label], root: str, facts: bool = T
     return html + "\n" + data_json(f"pairs-{board.key}", data)
 
 
+FACTS = [
+    Column("family", "text", key="family"),
+    Column("kind", "text", key="kind"),
+    Column("paper", "text", key="paper", title="the reference its class's docstring cites"),
+]
+
+
+def fact_cells(about: Label) -> list[Cell]:
+    """A label's family, kind and paper (linked where its docstring gives the address)."""
+    kind = KINDS.get(about.kind, about.kind)
+    cite = citation(about.page)
+    paper = Cell(cite.text, f"{cite.year} {cite.text}" if cite.year else "", html=cite.html())
+    return [Cell(about.family, about.family), Cell(kind, about.kind), paper]
+
+
 def not_separated(board: Board, pairs: pd.DataFrame) -> dict[str, object]:
-    """The labels of the board, and for each length and label the indices of the labels the
-    seeds do not separate from it (tested pairs only): what ``site.js`` reads."""
+    """The labels of the board, and for each marked column (a length, or a lead column's
+    mark such as the score) and label the indices of the labels the seeds do not separate
+    from it (tested pairs only): what ``site.js`` reads."""
     names = list(dict.fromkeys(board.stats["label"]))
     index = {lab: i for i, lab in enumerate(names)}
     found: dict[str, dict[int, list[int]]] = {}
-    tested = pairs[(pairs["n"] >= 2) & ~pairs["separated"].astype(bool)] if len(pairs) else pairs
-    for pair in tested.itertuples():
-        a, b = index[pair.label_a], index[pair.label_b]
-        at = found.setdefault(str(int(pair.eval_len)), {})
-        at.setdefault(a, []).append(b)
-        at.setdefault(b, []).append(a)
+    tables = [(None, pairs), *board.lead_pairs.items()]
+    for key, table_ in tables:
+        tested = (
+            table_[(table_["n"] >= 2) & ~table_["separated"].astype(bool)]
+            if len(table_)
+            else table_
+        )
+        for pair in tested.itertuples():
+            if pair.label_a not in index or pair.label_b not in index:
+                continue
+            a, b = index[pair.label_a], index[pair.label_b]
+            at = found.setdefault(key or str(int(pair.eval_len)), {})
+            at.setdefault(a, []).append(b)
+            at.setdefault(b, []).append(a)
     ties = {n: [sorted(at.get(i, [])) for i in range(len(names))] for n, at in found.items()}
     return {"labels": names, "ties": dict(sorted(ties.items()))}
 

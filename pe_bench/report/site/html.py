@@ -59,31 +59,48 @@ def number(value: float) -> str:
 @dataclass
 class Column:
     """A table column: its header, how it sorts (``num``, ``text`` or '' for not at all),
-    which way is better (``low`` or ``high``: the first click sorts best first) and, for a
-    column of one evaluation length, that length (the length filter hides the others)."""
+    which way is better (``low`` or ``high``: the first click sorts best first), for a column
+    of one evaluation length that length and its multiple of the training length (the length
+    filter hides the others), ``key``: a name the column chooser shows and hides it by, and
+    ``mark``: the key of its "not separated" pairs (``site.js`` marks its best cell among the
+    rows shown; a length column's is its length)."""
 
     head: str
     sort: str = "num"
     best: str = "low"
     length: int | None = None
     title: str = ""
+    key: str = ""
+    mark: str = ""
+    factor: str = ""
+
+    def data(self) -> dict[str, object]:
+        """The ``data-*`` attributes its header and cells carry (None: left out)."""
+        return {
+            "data_len": self.length,
+            "data_x": self.factor or None,
+            "data_col": self.key or None,
+        }
 
 
 @dataclass
 class Cell:
-    """A table cell: its text (or ``html``), the value it sorts by and its mark (``best``,
-    ``tied`` or '')."""
+    """A table cell: its text (or ``html``) and interval (``ci``: hidden in compact mode), the
+    value it sorts by and its mark (``best``, ``tied`` or '')."""
 
     text: str = "–"
     value: float | str | None = None
     mark: str = ""
     html: str = ""
+    ci: str = ""
 
     def render(self, column: Column) -> str:
         value = self.value if isinstance(self.value, str) else number(self.value)
         cls = " ".join(c for c in ("t" if column.sort == "text" else "", self.mark) if c) or None
         body = self.html or e(self.text)
-        return f"<td{attrs(data_v=value, data_len=column.length, class_=cls)}>{body}</td>"
+        if self.ci:
+            body += f'<span class="ci"> {e(self.ci)}</span>'
+        return f"<td{attrs(data_v=value, **column.data(), class_=cls)}>{body}</td>"
 
 
 @dataclass
@@ -101,7 +118,10 @@ def table(columns: list[Column], rows: list[Row], board: str, caption: str = "")
         sortable = {"data_sort": col.sort, "data_best": col.best, "tabindex": "0"}
         extra = sortable if col.sort else {}
         title = col.title or None
-        heads.append(f"<th{attrs(data_len=col.length, title=title, **extra)}>{e(col.head)}</th>")
+        mark = col.mark or (str(col.length) if col.length else None)
+        heads.append(
+            f"<th{attrs(**col.data(), data_mark=mark, title=title, **extra)}>{e(col.head)}</th>"
+        )
     body = []
     for row in rows:
         data = {f"data_{k}": v for k, v in row.data.items()}
@@ -152,3 +172,30 @@ def paragraph(text: str, cls: str | None = None) -> str:
 
 def bullets(items: list[str]) -> str:
     return "<ul>" + "".join(f"<li>{inline(item)}</li>" for item in items) + "</ul>"
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Where a site's pages link the report's CSV tables (``tables``) and the run folders
+    (``runs``): paths relative to the site's top, so the links resolve while the site stays
+    where it was written beside its results (docs/site/zoo and results/zoo); ``csv``: the
+    tables that exist, by name without ``.csv``."""
+
+    tables: str = ""
+    runs: str = ""
+    csv: frozenset[str] = frozenset()
+
+    def links(self, names: tuple[str, ...] | list[str], root: str = "") -> str:
+        """A line of links to the tables ``names`` that exist ('' if none)."""
+        found = [name for name in names if name in self.csv]
+        if not found:
+            return ""
+        items = " · ".join(
+            f'<a href="{e(root + self.tables)}/{e(name)}.csv">{e(name)}.csv</a>' for name in found
+        )
+        return f'<p class="data">CSV: {items}</p>'
+
+    def records(self, folder: str, root: str = "") -> str:
+        """A link to the records file of the run folder ``folder`` (relative to the runs)."""
+        path = f"{self.runs}/{folder}" if folder not in ("", ".") else self.runs
+        return f'<a href="{e(root + path)}/records.jsonl">{e(folder)}</a>'

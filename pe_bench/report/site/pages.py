@@ -3,6 +3,7 @@ cost, passkey or the synthetic tasks, the scheme list, provenance) and ``write_s
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from pe_bench.report.site.html import (
     Cell,
     Column,
     Row,
+    Sources,
     bullets,
     e,
     page,
@@ -43,15 +45,17 @@ from pe_bench.report.site.html import (
     table,
 )
 from pe_bench.report.site.positions import position_section
-from pe_bench.report.site.tasks import mrr_table, task_boards, task_sections
+from pe_bench.report.site.tasks import factors, mrr_table, separating, task_boards, task_sections
 from pe_bench.report.site.tasks import summary as task_summary
 from pe_bench.report.tasks import provenance as task_provenance
 
 ASSETS = ("site.css", "site.js")
 
 
-def filters(info: dict[str, Label], lengths: list[int], train_len: int | None) -> str:
-    """The filter bar: family, kind, one length, and what to mark "not separated" from."""
+def filters(info: dict[str, Label], factors: list[tuple[str, str]]) -> str:
+    """The filter bar: a search box, family, kind, one length (``factors``: its multiple of
+    the training length and how it reads), what to mark "not separated" from, compact mode
+    and the column chooser (``site.js`` fills it from the tables' ``data-col`` columns)."""
 
     def select(name: str, title: str, options: list[tuple[str, str]]) -> str:
         items = "".join(f'<option value="{e(v)}">{e(t)}</option>' for v, t in options)
@@ -61,22 +65,21 @@ def filters(info: dict[str, Label], lengths: list[int], train_len: int | None) -
     kinds = [k for k in (*KINDS, "pretrained") if any(lab.kind == k for lab in info.values())]
     return (
         '<form class="filters" onsubmit="return false">'
+        '<label>search <input type="search" data-filter="q" placeholder="scheme or family" '
+        'aria-label="search schemes"></label>'
         + select("family", "family", [("", "all"), *((f, f) for f in families)])
         + select("kind", "kind", [("", "all"), *((k, KINDS.get(k, k)) for k in kinds)])
-        + select(
-            "length", "length", [("", "all"), *((str(n), multiple(n, train_len)) for n in lengths)]
-        )
+        + select("length", "length", [("", "all"), *factors])
         + select(
             "ref",
             "mark not separated from",
             [("", "the best shown"), *((lab, lab) for lab in info)],
         )
-        + "</form>"
+        + '<label title="the means only: intervals, family and kind hidden (filter them above)">'
+        '<input type="checkbox" data-view="compact"> compact</label>'
+        '<details class="columns"><summary>columns</summary><div class="choices"></div></details>'
+        "</form>"
     )
-
-
-def multiple(length: int, train_len: int | None) -> str:
-    return f"{length} ({length / train_len:g}x)" if train_len else str(length)
 
 
 def legend_text(higher: bool) -> str:
@@ -90,14 +93,16 @@ def legend_text(higher: bool) -> str:
 
 
 def perplexity_index(
-    report: Report, name: str, info: dict[str, Label], root: Path
+    report: Report, name: str, info: dict[str, Label], root: Path, src: Sources
 ) -> tuple[str, list[Board]]:
     """The index of a perplexity report, and its boards (for the scheme pages)."""
     df, opts, tables = report.frame, report.options, report.tables
     metric, stats, shown = opts.metric, tables[opts.metric], spec(opts.metric)
     train_len = int(df["train_len"].dropna().iloc[0])
     board = metric_board("main", shown.title, stats, tables["pairwise"], metric, train_len)
-    board.extra = [score_column(tables), *beside(tables["cost"], board.lengths)]
+    board.lead, board.lead_pairs = [score_column(tables)], {"score": tables["score_pairwise"]}
+    board.extra = beside(tables["cost"], board.lengths)
+    board.csv = (metric, "pairwise", "score", "ratio", "ranks")
     boards_ = [board]
     parts = [
         f"<h1>Length extrapolation leaderboard: {e(name)}</h1>",
@@ -114,22 +119,24 @@ def perplexity_index(
                 "about",
             ]
         ),
-        filters(info, board.lengths, train_len),
+        filters(info, [(board.factor(n), board.head(n)) for n in board.lengths]),
         section(
             "leaderboard",
             f"{shown.title} by evaluation length",
             paragraph(caption(stats, metric, df)[0].upper() + caption(stats, metric, df)[1:] + "."),
             board_table(board, info, ""),
+            src.links(board.csv),
             paragraph(legend_text(shown.higher_is_better), "note"),
             caveats(df),
         ),
         section(
             "curves", f"{shown.title} vs evaluation length", board_panels(board, info, LANDMARKS)
         ),
-        cost_section(report, info),
+        cost_section(report, info, src),
     ]
     parts += retrieval_sections(report, info, boards_)
-    parts += [position_section(report.positions, train_len), scheme_list(info), about(report, root)]
+    parts += [position_section(report.positions, train_len), scheme_list(info)]
+    parts.append(about(report, root, src))
     return "\n".join(parts), boards_
 
 
@@ -141,18 +148,18 @@ def score_column(tables: dict[str, pd.DataFrame]) -> tuple[Column, dict[str, Cel
     cells = {}
     for s in scores.itertuples():
         text = "–" if pd.isna(s.score) else fmt.format(s.score)
-        if s.n > 1:
-            text += f" [{fmt.format(s.ci_low)}, {fmt.format(s.ci_high)}]"
-        cells[s.label] = Cell(text, s.score, marks.get(s.label, ""))
+        ci = f"[{fmt.format(s.ci_low)}, {fmt.format(s.ci_high)}]" if s.n > 1 else ""
+        cells[s.label] = Cell(text, s.score, marks.get(s.label, ""), ci=ci)
     title = "mean NLL over the lengths per run, then over seeds; lower is better"
-    return Column("score", title=title), cells
+    return Column("score", title=title, key="score", mark="score"), cells
 
 
-def cost_section(report: Report, info: dict[str, Label]) -> str:
+def cost_section(report: Report, info: dict[str, Label], src: Sources) -> str:
     """The cost table, sortable and filtered like the leaderboard, with its notes."""
     notes = cost.cost_notes(report.frame, report.tables["cost"])
     body = cost_table(report.tables["cost"], info, "cost")
-    return section("cost", "Cost", body, *(paragraph(n, "note") for n in notes))
+    notes_html = (paragraph(n, "note") for n in notes)
+    return section("cost", "Cost", body, src.links(["cost"]), *notes_html)
 
 
 def caveats(df: pd.DataFrame) -> str:
@@ -256,7 +263,7 @@ def toc(anchors: list[str]) -> str:
 
 
 def scheme_list(info: dict[str, Label]) -> str:
-    """Every scheme page with its family and the labels on it."""
+    """Every scheme page with its family, the labels on it and its paper."""
     pages: dict[str, list[Label]] = {}
     for lab in info.values():
         pages.setdefault(lab.page, []).append(lab)
@@ -270,6 +277,7 @@ def scheme_list(info: dict[str, Label]) -> str:
             Cell(kinds, kinds),
         ]
         cells.append(Cell(", ".join(lab.name for lab in labs), ", ".join(lab.name for lab in labs)))
+        cells.append(boards.fact_cells(labs[0])[-1])  # its paper
         rows.append(
             Row(cells, {"label": labs[0].name, "family": labs[0].family, "kind": labs[0].kind})
         )
@@ -278,12 +286,13 @@ def scheme_list(info: dict[str, Label]) -> str:
         Column("family", "text"),
         Column("kind", "text"),
         Column("labels", "text"),
+        boards.FACTS[-1],
     ]
     return section("schemes", "Schemes", table(columns, rows, "schemes"))
 
 
-def about(report: Report, root: Path) -> str:
-    """Provenance and the commands that made the records."""
+def about(report: Report, root: Path, src: Sources) -> str:
+    """Provenance, the commands that made the records and the report's CSV tables."""
     df = report.frame
     lines = [
         line[2:] for line in provenance_markdown(df, trained_models(df)) if line.startswith("- ")
@@ -296,6 +305,17 @@ def about(report: Report, root: Path) -> str:
         bullets(lines),
         "<p>The runs' commands:</p>",
         f"<pre><code>{code}</code></pre>",
+        data_section(src),
+    )
+
+
+def data_section(src: Sources) -> str:
+    """Every CSV table of the report, linked (they sit beside the report, not in the site)."""
+    if not src.csv:
+        return ""
+    return (
+        f"<p>The report's tables as CSV (in <code>{e(src.tables)}</code>, relative to this "
+        "page):</p>" + src.links(sorted(src.csv))
     )
 
 
@@ -308,10 +328,11 @@ def mrr_text(tasks: list[str]) -> str:
     )
 
 
-def task_index(report: Report, name: str, info: dict[str, Label]) -> tuple[str, list[Board]]:
+def task_index(
+    report: Report, name: str, info: dict[str, Label], src: Sources
+) -> tuple[str, list[Board]]:
     """The index of a synthetic-task report, and its boards."""
     found = task_boards(report)
-    lengths = sorted({n for board in found for n in board.lengths})
     anchors = ["mrr", *(f"task-{t}" for t in report.tasks), "cost", "schemes", "about"]
     provenance = [
         line[2:] for line in task_provenance(report.frame, report.tasks) if line.startswith("- ")
@@ -320,23 +341,27 @@ def task_index(report: Report, name: str, info: dict[str, Label]) -> tuple[str, 
         f"<h1>Synthetic task leaderboard: {e(name)}</h1>",
         paragraph(task_summary(report), "lead"),
         toc(anchors),
-        filters(info, lengths, None),
+        filters(info, factors(report)),
         paragraph(legend_text(True), "note"),
         section(
             "mrr",
             "Mean reciprocal rank over tasks",
             paragraph(mrr_text(report.tasks)),
+            paragraph(separating(report)),
             mrr_table(report, info),
+            src.links(["mrr"]),
         ),
-        *task_sections(report, found, info),
-        cost_section(report, info),
+        *task_sections(report, found, info, src),
+        cost_section(report, info, src),
         scheme_list(info),
-        section("about", "Provenance", bullets(provenance)),
+        section("about", "Provenance", bullets(provenance), data_section(src)),
     ]
     return "\n".join(parts), found
 
 
-def ladder_index(report: Report, name: str, info: dict[str, Label], root: Path) -> str:
+def ladder_index(
+    report: Report, name: str, info: dict[str, Label], root: Path, src: Sources
+) -> str:
     """The index of a scale ladder's report: the scale view, the schemes, provenance."""
     anchors = ["rungs", "claims", "ratio", "nll", "ranking", "separated", "schemes", "about"]
     parts = [
@@ -345,7 +370,7 @@ def ladder_index(report: Report, name: str, info: dict[str, Label], root: Path) 
         toc(anchors),
         *scale.scale_sections(report, info),
         scheme_list(info),
-        about(report, root),
+        about(report, root, src),
     ]
     return "\n".join(parts)
 
@@ -375,6 +400,19 @@ def prepare(out: Path, keep: set[str]) -> None:
             stale.unlink()
 
 
+def sources(report: Report, root: Path, out: Path) -> Sources:
+    """Where the site links the report's CSV tables and the run folders, relative to ``out``
+    (``/``-separated, so a committed site is the same on every system)."""
+
+    def relative(path: Path) -> str:
+        return Path(os.path.relpath(path.resolve(), out.resolve())).as_posix()
+
+    tables = report.path.parent / "tables"
+    return Sources(
+        relative(tables), relative(root), frozenset(p.stem for p in tables.glob("*.csv"))
+    )
+
+
 def write_site(report: Report, root: Path, out: Path) -> Path:
     """Write the leaderboard site of ``report`` (made from the records under ``root``) into
     ``out``: index.html, a page per scheme under schemes/, assets/site.css and site.js.
@@ -382,18 +420,19 @@ def write_site(report: Report, root: Path, out: Path) -> Path:
     (no dates), so a committed site regenerates byte for byte."""
     name = Path(root).resolve().name
     info = boards.labels(report.frame)
+    src = sources(report, Path(root), out)
     if report.tasks:
-        body, found = task_index(report, name, info)
+        body, found = task_index(report, name, info, src)
     elif "scale_far" in report.tables:
-        body, found = ladder_index(report, name, info, root), []
+        body, found = ladder_index(report, name, info, root, src), []
     else:
-        body, found = perplexity_index(report, name, info, root)
+        body, found = perplexity_index(report, name, info, root, src)
     files = {"index.html": page(f"pe-bench leaderboard: {name}", body, "", name)}
     by_page: dict[str, list[Label]] = {}
     for lab in info.values():
         by_page.setdefault(lab.page, []).append(lab)
     for page_name, labs in by_page.items():
-        text = schemes.scheme_page(page_name, labs, found, report, info, name)
+        text = schemes.scheme_page(page_name, labs, found, report, info, name, src)
         files[f"schemes/{boards.slug(page_name)}.html"] = text
     prepare(out, set(files))
     for rel, text in files.items():

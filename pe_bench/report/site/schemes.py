@@ -17,6 +17,7 @@ from pe_bench.report.site.html import (
     Cell,
     Column,
     Row,
+    Sources,
     bullets,
     e,
     page,
@@ -92,8 +93,11 @@ def related(labs: list[Label], info: dict[str, Label]) -> str:
     return f"<p>Eval-time variants scored on this checkpoint: {links}.</p>"
 
 
-def numbers(name: str, labs: list[Label], found: list[Board]) -> list[str]:
-    """The page's labels on every board of the index (no marks: they compare all labels)."""
+def numbers(
+    name: str, labs: list[Label], found: list[Board], df: pd.DataFrame, src: Sources
+) -> list[str]:
+    """The page's labels on every board of the index (no marks: they compare all labels),
+    each followed by its values per seed."""
     names = {lab.name: lab for lab in labs}
     parts = []
     for board in found:
@@ -111,8 +115,39 @@ def numbers(name: str, labs: list[Label], found: list[Board]) -> list[str]:
             board.higher,
         )
         body = board_table(sub, names, "../", facts=False)
-        parts.append(section(f"numbers-{board.key}", board.title, body))
+        seeds = per_seed(board, list(names), df, src, f"seeds-{board.key}-{slug(name)}")
+        parts.append(section(f"numbers-{board.key}", board.title, body, seeds))
     return parts
+
+
+def per_seed(board: Board, names: list[str], df: pd.DataFrame, src: Sources, key: str) -> str:
+    """Each run's value of the board's metric per length (what the means and intervals above
+    are computed from), with a link to the run's records ('' for a board of pooled trials)."""
+    if not board.metric or board.metric not in df:
+        return ""
+    runs = df[df["label"].isin(names) & df["eval_len"].notna()]
+    if board.task:
+        runs = runs[runs["task"] == board.task]
+    if runs.empty:
+        return ""
+    columns = [Column("scheme", "text"), Column("seed"), Column("records", "text")]
+    columns += [Column(str(n), length=n, factor=board.factor(n)) for n in board.lengths]
+    rows = []
+    for (lab, seed, folder), run in runs.groupby(["label", "seed", "folder"], sort=False):
+        by_length = run.groupby("eval_len")[board.metric].mean()  # one record per length
+        cells = [Cell(lab, lab), Cell(f"{seed:g}", seed)]
+        cells.append(Cell(folder, folder, html=src.records(folder, "../")))
+        for n in board.lengths:
+            value = by_length.get(n)
+            shown = "–" if value is None or pd.isna(value) else board.fmt.format(value)
+            cells.append(Cell(shown, value))
+        rows.append(Row(cells, {"label": lab}))
+    note = paragraph(
+        "Per run (seed): the values the means and intervals above are computed from; each "
+        "run's folder links its `records.jsonl`.",
+        "note",
+    )
+    return f"<h3>Per seed</h3>{note}{table(columns, rows, key)}"
 
 
 def scheme_page(
@@ -122,6 +157,7 @@ def scheme_page(
     report: Report,
     info: dict[str, Label],
     site: str,
+    src: Sources,
 ) -> str:
     """The page of one scheme (or eval-time variant, or pretrained model)."""
     df, costs = report.frame, report.tables.get("cost", pd.DataFrame(columns=["label"]))
@@ -139,7 +175,7 @@ def scheme_page(
     if noted:
         items = [f"**{lab}**: {text}." for lab, text in noted.items()]
         parts.append(section("caveats", "Caveats", bullets(items)))
-    parts += numbers(name, labs, found)
+    parts += numbers(name, labs, found, df, src)
     mine = costs[costs["label"].isin(names)]
     if len(mine):
         body = cost_table(mine, {lab.name: lab for lab in labs}, f"cost-{slug(name)}")

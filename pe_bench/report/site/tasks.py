@@ -11,7 +11,17 @@ from pe_bench.report.markdown import count, distinct
 from pe_bench.report.metrics import spec
 from pe_bench.report.ranking import headlines
 from pe_bench.report.site.boards import Board, Label, board_panels, board_table, metric_board
-from pe_bench.report.site.html import Cell, Column, Row, e, paragraph, section, table
+from pe_bench.report.site.html import (
+    Cell,
+    Column,
+    Row,
+    Sources,
+    data_json,
+    e,
+    paragraph,
+    section,
+    table,
+)
 from pe_bench.report.tasks import learned_note, task_metrics, train_lengths
 
 
@@ -26,18 +36,19 @@ def task_boards(report: Report) -> list[Board]:
             headline = " (headline)" if metric == first[task] else ""
             title = f"{task}: {spec(metric).title.lower()}{headline}"
             pairs = report.tables[f"{name}_pairwise"]
-            found.append(
-                metric_board(name, title, report.tables[name], pairs, metric, lengths[task])
-            )
+            board = metric_board(name, title, report.tables[name], pairs, metric, lengths[task])
+            board.task, board.csv = task, (name, f"{name}_pairwise", f"{name}_ranks")
+            found.append(board)
     return found
 
 
 def mrr_table(report: Report, info: dict[str, Label]) -> str:
-    """The mean reciprocal rank over tasks, sortable; the highest MRR in bold."""
+    """The mean reciprocal rank over tasks, sortable; the highest MRR of the rows shown in
+    bold (``site.js``; no paired test, so nothing is marked tied)."""
     mrr, tasks = report.tables["mrr"], report.tasks
     top = mrr["mrr"].max()
     columns = [Column("scheme", "text"), *(Column(f"rank: {t}") for t in tasks)]
-    columns += [Column("MRR", best="high"), Column("n", "")]
+    columns += [Column("MRR", best="high", mark="mrr"), Column("n", "")]
     rows = []
     for _, row in mrr.iterrows():
         lab = info[row["label"]]
@@ -46,10 +57,52 @@ def mrr_table(report: Report, info: dict[str, Label]) -> str:
         mark = "best" if row["mrr"] == top else ""
         cells += [Cell(f"{row['mrr']:.2f}", row["mrr"], mark), Cell(str(row["n"]))]
         rows.append(Row(cells, {"label": lab.name, "family": lab.family, "kind": lab.kind}))
-    return table(columns, rows, "mrr")
+    data = {"higher": True, "labels": mrr["label"].tolist(), "ties": {}}
+    return table(columns, rows, "mrr") + "\n" + data_json("pairs-mrr", data)
 
 
-def task_sections(report: Report, found: list[Board], info: dict[str, Label]) -> list[str]:
+def separating(report: Report) -> str:
+    """Which tasks the MRR's differences come from: a task on which every scheme has the same
+    mean rank (all tie, e.g. every scheme learned it) adds the same to every MRR."""
+    mrr, tasks = report.tables["mrr"], report.tasks
+    if len(mrr) < 2:
+        return ""
+    alike = {t: mrr[t].dropna().iloc[0] for t in tasks if mrr[t].dropna().nunique() == 1}
+    differ = [t for t in tasks if t not in alike]
+    if not alike:
+        return f"Every task ranks the schemes differently: the MRR combines all {len(tasks)}."
+    if not differ:
+        return "Every scheme has the same rank on every task: the MRR does not separate them."
+    same = " and ".join(
+        f"{listing([t for t in alike if alike[t] == r])} (rank {r:g}"
+        + (", a tie in every seed)" if r == 1 else " on average)")
+        for r in dict.fromkeys(alike.values())
+    )
+    return (
+        f"Every scheme has the same rank on {same}, so the differences in MRR come from "
+        f"{listing(differ)} alone."
+    )
+
+
+def listing(names: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def factors(report: Report) -> list[tuple[str, str]]:
+    """The length filter's choices: each multiple of the training length some task was scored
+    at, with the length it is for each task (tasks train at different lengths)."""
+    df, trained = report.frame, train_lengths(report.frame, report.tasks)
+    at: dict[float, list[str]] = {}
+    for task in report.tasks:
+        for n in sorted(df.loc[df["task"] == task, "eval_len"].dropna().unique()):
+            at.setdefault(n / trained[task], []).append(f"{task} {int(n)}")
+    return [(f"{x:g}", f"{x:g}x ({', '.join(where)})") for x, where in sorted(at.items())]
+
+
+def task_sections(
+    report: Report, found: list[Board], info: dict[str, Label], src: Sources
+) -> list[str]:
     """One section per task: what it is, whether it was learned, its two boards."""
     parts = []
     for task in report.tasks:
@@ -61,7 +114,11 @@ def task_sections(report: Report, found: list[Board], info: dict[str, Label]) ->
             paragraph(learned_note(exact.stats, exact.train_len)),
         ]
         for board in mine:
-            body += [f"<h3>{e(board.title)}</h3>", board_table(board, info, "")]
+            body += [
+                f"<h3>{e(board.title)}</h3>",
+                board_table(board, info, ""),
+                src.links(board.csv),
+            ]
         body.append(
             '<div class="panels">' + "".join(board_panels(b, info) for b in mine) + "</div>"
         )

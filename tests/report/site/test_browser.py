@@ -6,67 +6,14 @@ where Chromium or its driver is not installed (``.ci/run`` installs them where a
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pandas as pd
 import pytest
 
 from tests.helpers import ROOT
+from tests.report.site.browser import no_errors, open_page
 
 ZOO, TASKS = ROOT / "docs" / "site" / "zoo", ROOT / "docs" / "site" / "tasks_quick"
-CHROMIUM = next(
-    (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
-)
-DRIVER = shutil.which("chromedriver")
-
 pytestmark = pytest.mark.slow
-
-
-def missing() -> str:
-    """Why the browser tests cannot run here ('' when they can)."""
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install -e '.[dev]')"
-    if CHROMIUM is None:
-        return "Chromium is not installed (Debian: apt-get install chromium chromium-driver)"
-    if DRIVER is None:
-        return "chromedriver is not installed (Debian: apt-get install chromium-driver)"
-    return ""
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if missing():
-        pytest.skip(missing())
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000"):
-        options.add_argument(arg)
-    options.add_argument("--disable-dev-shm-usage")
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
-    yield driver
-    driver.quit()
-
-
-def open_page(browser, path: Path):
-    from selenium.webdriver.support.wait import WebDriverWait
-
-    browser.get(path.as_uri())
-    ready = WebDriverWait(browser, 10)
-    ready.until(lambda b: b.execute_script("return document.readyState") == "complete")
-    return browser
-
-
-def no_errors(browser) -> None:
-    """Nothing the page logged is an error (a script that failed, a file that did not load)."""
-    severe = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
-    assert not severe, severe
 
 
 def visible_rows(browser, board: str) -> list[str]:
@@ -184,15 +131,23 @@ def test_a_scheme_page_opens_with_what_the_scheme_is_and_costs(browser):
     no_errors(browser)
 
 
-def test_the_task_site_filters_a_length_and_sorts_by_reciprocal_rank(browser):
+def test_the_task_site_filters_a_multiple_of_each_tasks_length_and_sorts_by_rank(browser):
     from selenium.webdriver.support.select import Select
 
     open_page(browser, TASKS / "index.html")
     Select(browser.find_element("css selector", 'select[data-filter="length"]')).select_by_value(
-        "32"
+        "2"
     )
-    heads = browser.find_elements("css selector", 'table[data-board="copy_exact_match"] th')
-    assert [h.text for h in heads if h.is_displayed()] == ["scheme", "family", "kind", "32 (2x)"]
+    for board, length in (("copy_exact_match", "32 (2x)"), ("flip_flop_token_acc", "64 (2x)")):
+        heads = browser.find_elements("css selector", f'table[data-board="{board}"] th')
+        shown = [h.text for h in heads if h.is_displayed()]
+        assert shown == [
+            "scheme",
+            length,
+            "family",
+            "kind",
+            "paper",
+        ]  # copy trains at 16, flip-flop at 32
     mrr = pd.read_csv(ROOT / "results" / "tasks_quick" / "tables" / "mrr.csv")
     head(browser, "mrr", "MRR").click()  # best (highest) first
     assert visible_rows(browser, "mrr")[0] == mrr.sort_values("mrr")["label"].iloc[-1]

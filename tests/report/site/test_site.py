@@ -89,20 +89,26 @@ def test_the_leaderboard_shows_the_reports_numbers_and_marks(site, tmp_path):
     assert list(rows) == ["nope", "rope", "rope+pi", "alibi"]
     stats = report.tables["ppl"].set_index(["label", "eval_len"])
     marks = value_marks(report.tables["ppl"], report.tables["pairwise"])
-    for label, cells in rows.items():
-        for length, (value, mark, text) in zip((16, 32), cells[3:5], strict=True):
+    for label, cells in rows.items():  # scheme, score, the lengths, cost, family, kind, paper
+        for length, (value, mark, text) in zip((16, 32), cells[2:4], strict=True):
             cell = stats.loc[(label, length)]
             assert float(value) == pytest.approx(cell["mean"], rel=1e-5)
-            assert text.startswith(f"{cell['mean']:.2f} [{cell['ci_low']:.2f}, ")
+            mean, interval = f"{cell['mean']:.2f}", f" [{cell['ci_low']:.2f}, "
+            assert text.startswith(f'{mean}<span class="ci">{interval}')  # compact mode hides it
             assert mark == marks.get((label, length), "")
-    assert rows["alibi"][3][1] == "best" and rows["rope"][3][1] == "tied"
+    assert rows["alibi"][2][1] == "best" and rows["rope"][2][1] == "tied"
     pairs = json.loads(re.search(r'id="pairs-main">(.*?)</script>', html).group(1))
     names = pairs["labels"]
     tied = [names[j] for j in pairs["ties"]["16"][names.index("rope")]]
     assert tied == ["alibi"] and "32" not in pairs["ties"]
     score = aggregate.extrapolation_scores(report.frame).set_index("label")
-    assert float(rows["alibi"][5][0]) == pytest.approx(score.loc["alibi", "score"], rel=1e-5)
-    assert '<th data-len="32" data-sort="num" data-best="low" tabindex="0">32 (2x)</th>' in html
+    assert float(rows["alibi"][1][0]) == pytest.approx(score.loc["alibi", "score"], rel=1e-5)
+    head = '<th data-len="32" data-x="2" data-mark="32" data-sort="num" data-best="low"'
+    assert f'{head} tabindex="0">32 (2x)</th>' in html
+    assert (
+        rows["alibi"][-1][2] == '<a href="https://arxiv.org/abs/2108.12409">Press et al. 2022</a>'
+    )
+    assert rows["nope"][-1][2].endswith(">Haviv et al. 2022</a>")
     assert "Caveats" in html and "a caveat with an_underscore &amp; 50% of a #" in html
 
 
@@ -152,9 +158,9 @@ def test_a_task_report_site_has_the_reciprocal_ranks_and_a_board_per_task(tmp_pa
     html = (tmp_path / "site" / "index.html").read_text()
     assert 'data-board="mrr"' in html and 'id="task-copy"' in html
     token = table_rows(html, "copy_token_acc")
-    assert token["rope"][4][1] == "best" and token["nope"][4][1] == ""
+    assert token["rope"][2][1] == "best" and token["nope"][2][1] == ""
     exact = table_rows(html, "copy_exact_match")
-    assert exact["rope"][4][1] == "" and exact["nope"][4][1] == ""  # all 0: nothing stands out
+    assert exact["rope"][2][1] == "" and exact["nope"][2][1] == ""  # all 0: nothing stands out
 
 
 @pytest.mark.slow
@@ -163,15 +169,66 @@ def test_the_committed_site_regenerates(name, tmp_path):
     """docs/site/<name> is ``pe-bench-report results/<name> --site docs/site/<name>``, byte for
     byte (so it is never stale)."""
     folder, committed = ROOT / "results" / name, COMMITTED[name]
-    copy = tmp_path / name
-    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("*.pt", "wandb"))
-    args = report_command(folder)
-    report_main([str(copy / args[0]), *args[1:], "--site", str(tmp_path / "site")])
-    made = sorted(
-        p.relative_to(tmp_path / "site") for p in (tmp_path / "site").rglob("*") if p.is_file()
-    )
+    copy, site = tmp_path / "results" / name, tmp_path / "docs" / "site" / name  # as in the repo:
+    shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("*.pt", "wandb"))  # its links
+    args = report_command(folder)  # to the CSV tables and records are relative to the site
+    report_main([str(copy / args[0]), *args[1:], "--site", str(site)])
+    made = sorted(p.relative_to(site) for p in site.rglob("*") if p.is_file())
     assert made == sorted(p.relative_to(committed) for p in committed.rglob("*") if p.is_file())
-    _, mismatch, errors = filecmp.cmpfiles(
-        committed, tmp_path / "site", [str(p) for p in made], shallow=False
-    )
+    _, mismatch, errors = filecmp.cmpfiles(committed, site, [str(p) for p in made], shallow=False)
     assert not mismatch and not errors, f"stale: {mismatch or errors}"
+
+
+def test_the_mrr_says_which_tasks_separate_the_schemes(tmp_path):
+    """A task every scheme ties on (all fail reverse past its training length) adds the same
+    to every MRR: the page says the differences come from the other task alone."""
+    rows = []
+    for task, better in (("copy", 0.5), ("reverse", 0.0)):
+        kind = {"mode": "task", "task": task, "corpus": f"task:{task}"}
+        for seed in range(3):
+            for scheme, past in (("nope", 0.0), ("rope", better + 0.01 * seed if better else 0)):
+                for n in (16, 32):
+                    exact = 1.0 if n == 16 else past
+                    rows.append(
+                        record(scheme, seed, n, 0.0, **kind, exact_match=exact, token_acc=exact)
+                    )
+    write_runs(tmp_path / "runs", rows)
+    report_main([str(tmp_path / "runs"), "--site", str(tmp_path / "site")])
+    html = (tmp_path / "site" / "index.html").read_text()
+    assert (
+        "Every scheme has the same rank on reverse (rank 1, a tie in every seed), so the "
+        "differences in MRR come from copy alone." in html
+    )
+    assert '<option value="2">2x (copy 32, reverse 32)</option>' in html
+
+
+def test_scheme_pages_show_each_seeds_values_and_link_its_records(site, tmp_path):
+    report = build_report(tmp_path / "runs", echo=False)
+    alibi = (site / "schemes" / "alibi.html").read_text()
+    body = alibi.split('data-board="seeds-main-alibi"')[1].split("</table>")[0]
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", body.split("<tbody>")[1])
+    runs = report.frame[report.frame["label"] == "alibi"]
+    assert len(rows) == runs["seed"].nunique() == 3
+    for row in rows:
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
+        seed = int(cells[1])
+        (href,) = re.findall(r'href="([^"]+)"', cells[2])
+        assert (site / "schemes" / href).resolve().is_file()  # the run's records.jsonl
+        for n, text in zip((16, 32), cells[3:5], strict=True):
+            ppl = runs.loc[(runs["seed"] == seed) & (runs["eval_len"] == n), "ppl"]
+            assert text == f"{ppl.item():.2f}"
+
+
+@pytest.mark.parametrize("name", sorted(COMMITTED))
+def test_every_link_of_a_committed_site_resolves(name):
+    """Pages, anchors' files, the report's CSV tables and the runs' records: every relative
+    link of every page names a file that exists (in the repository, beside the site)."""
+    site = COMMITTED[name]
+    csv = 0
+    for path in site.rglob("*.html"):
+        for href in re.findall(r'href="([^"#]*)(?:#[^"]*)?"', path.read_text()):
+            if not href or re.match(r"[a-z]+:", href):
+                continue
+            assert (path.parent / href).resolve().is_file(), (path, href)
+            csv += href.endswith(".csv")
+    assert csv  # the report's tables are linked

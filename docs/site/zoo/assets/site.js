@@ -1,9 +1,11 @@
-// pe-bench leaderboard: sorting, filtering, "not separated" marks and hover values for the
-// pages pe-bench-report --site writes. Plain JavaScript, no library, nothing fetched: every
-// number is already in the page (cells' data-v, inline JSON), so it works from file://.
+// pe-bench leaderboard: sorting, filtering, searching, "not separated" marks, compact mode,
+// the column chooser, headers that stay in view and hover values for the pages
+// pe-bench-report --site writes. Plain JavaScript, no library, nothing fetched: every number
+// is already in the page (cells' data-v, inline JSON), so it works from file://.
 (function () {
   "use strict";
   var filters = {};
+  var hiddenColumns = {};
 
   function value(cell) {
     var v = cell.getAttribute("data-v");
@@ -39,8 +41,8 @@
 
   function dirOf(sort) { return sort === "ascending" ? 1 : -1; }
 
-  // Marks: per length column, the best of the rows shown (or the reference row) in bold, the
-  // rows the seeds do not separate from it marked "tied".
+  // Marks: per marked column (a length, the score, the MRR), the best of the rows shown (or
+  // the reference row) in bold, the rows the seeds do not separate from it marked "tied".
   function mark(table) {
     var data = boardData(table);
     if (!data) { return; }
@@ -48,10 +50,11 @@
     var all = Array.prototype.slice.call(table.tBodies[0].rows);
     var rows = all.filter(function (r) { return !r.hidden; });
     Array.prototype.forEach.call(heads, function (th, i) {
-      var length = th.getAttribute("data-len");
-      if (length === null) { return; }
+      var key = th.getAttribute("data-mark");
+      if (key === null) { return; }
+      var higher = th.getAttribute("data-best") === "high";
       all.forEach(function (r) { r.cells[i].classList.remove("best", "tied"); });
-      var ties = data.ties[length] || [];
+      var ties = data.ties[key] || [];
       var best = null, top = NaN;
       rows.forEach(function (r) {
         var v = value(r.cells[i]);
@@ -61,7 +64,7 @@
           return;
         }
         if (isNaN(v)) { return; }
-        if (isNaN(top) || (data.higher ? v > top : v < top)) { top = v; best = [label]; }
+        if (isNaN(top) || (higher ? v > top : v < top)) { top = v; best = [label]; }
         else if (v === top) { best.push(label); }
       });
       var same = best && best.length === rows.length && rows.length > 1 && !filters.ref;
@@ -79,21 +82,32 @@
   }
 
   function matches(row) {
+    var text = (row.getAttribute("data-label") + " " + row.getAttribute("data-family")).toLowerCase();
     return (!filters.family || row.getAttribute("data-family") === filters.family) &&
-      (!filters.kind || row.getAttribute("data-kind") === filters.kind);
+      (!filters.kind || row.getAttribute("data-kind") === filters.kind) &&
+      (!filters.q || text.indexOf(filters.q) >= 0);
   }
 
-  // Filters: rows of every table, columns of other lengths, the curves of the labels hidden.
+  // A column is hidden by the length filter (its multiple of the training length, data-x) or
+  // by the column chooser (data-col).
+  function columnHidden(cell) {
+    var x = cell.getAttribute("data-x"), col = cell.getAttribute("data-col");
+    return (Boolean(filters.length) && x !== null && x !== filters.length) ||
+      (col !== null && hiddenColumns[col] === true);
+  }
+
+  // Filters: rows of every table, columns, the curves of the labels hidden.
   function apply() {
     var shown = {};
     document.querySelectorAll("table.board").forEach(function (table) {
       Array.prototype.forEach.call(table.tBodies[0].rows, function (row) {
         var label = row.getAttribute("data-label");
+        if (label === null) { return; }
         row.hidden = !matches(row);
         if (!row.hidden) { shown[label] = true; }
       });
-      table.querySelectorAll("[data-len]").forEach(function (cell) {
-        cell.hidden = Boolean(filters.length) && cell.getAttribute("data-len") !== filters.length;
+      table.querySelectorAll("[data-x], [data-col]").forEach(function (cell) {
+        cell.hidden = columnHidden(cell);
       });
       mark(table);
     });
@@ -108,7 +122,40 @@
       });
       panel.hidden = !any;
     });
+    stick();
   }
+
+  // Headers in view: while a table scrolls past the top of the window (below the filter bar,
+  // which stays there), its header row is moved down with it. CSS alone cannot: a table that
+  // scrolls sideways in its own box is a scroll container, and position: sticky then sticks
+  // to that box, not to the window.
+  var bar = document.querySelector("form.filters");
+  function stick() {
+    var top = bar ? Math.max(0, bar.getBoundingClientRect().bottom) : 0;
+    document.querySelectorAll("table.board").forEach(function (table) {
+      var head = table.tHead, cells = head ? head.rows[0].cells : [];
+      if (!cells.length) { return; }
+      var body = table.tBodies[0].getBoundingClientRect();  // the header's moves leave it be
+      var height = head.getBoundingClientRect().height;
+      var natural = body.top - height;
+      var next = Math.max(0, Math.min(top - natural, body.height - height));
+      var shift = table._shift || 0;
+      if (next === shift) { return; }
+      table._shift = next;
+      table.classList.toggle("stuck", next > 0);
+      Array.prototype.forEach.call(cells, function (th) {
+        th.style.transform = next ? "translateY(" + next + "px)" : "";
+      });
+    });
+  }
+  var pending = false;
+  function onScroll() {
+    if (pending) { return; }
+    pending = true;
+    window.requestAnimationFrame(function () { pending = false; stick(); });
+  }
+  window.addEventListener("scroll", onScroll, { passive: true });
+  window.addEventListener("resize", onScroll);
 
   // Hover: a point shows its label and value; a line or legend entry brings its label forward.
   var tip = document.getElementById("tip");
@@ -159,5 +206,41 @@
     });
     filters[select.getAttribute("data-filter")] = select.value;
   });
+
+  var search = document.querySelector('input[data-filter="q"]');
+  if (search) {
+    var find = function () { filters.q = search.value.trim().toLowerCase(); apply(); };
+    search.addEventListener("input", find);
+    filters.q = search.value.trim().toLowerCase();
+  }
+
+  // Compact mode: the means only (intervals, family and kind hidden), tighter cells.
+  var compact = document.querySelector('input[data-view="compact"]');
+  if (compact) {
+    var view = function () { document.body.classList.toggle("compact", compact.checked); stick(); };
+    compact.addEventListener("change", view);
+    view();
+  }
+
+  // The column chooser: a box per column the tables name (data-col), in page order.
+  var choices = document.querySelector("details.columns .choices");
+  if (choices) {
+    var seen = {};
+    document.querySelectorAll("table.board th[data-col]").forEach(function (th) {
+      var key = th.getAttribute("data-col");
+      if (seen[key]) { return; }
+      seen[key] = true;
+      var label = document.createElement("label");
+      var box = document.createElement("input");
+      box.type = "checkbox";
+      box.checked = true;
+      box.setAttribute("data-col", key);
+      box.addEventListener("change", function () { hiddenColumns[key] = !box.checked; apply(); });
+      label.appendChild(box);
+      label.appendChild(document.createTextNode(" " + th.textContent));
+      choices.appendChild(label);
+    });
+    if (!choices.childNodes.length) { choices.closest("details").hidden = true; }
+  }
   apply();
 })();

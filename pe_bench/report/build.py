@@ -53,6 +53,7 @@ from pe_bench.report import (
     metrics,
     probes,
     protocols,
+    rope_base,
     rungs,
 )
 from pe_bench.report.best import legend, score_marks, value_marks
@@ -134,6 +135,8 @@ def build_report(
         report.latex += [out / "tables" / "passkey.tex"] if report.passkey else []
         report.ruler = ruler_section(checked, out)
         report.latex += [out / "tables" / "ruler.tex"] if report.ruler else []
+        report.rope_base = rope_base.section(root, out, df)
+        report.latex += [out / "tables" / "rope_base.tex"] if report.rope_base else []
         atomic_write_text(report.path, markdown_report(root, out, df, report, diverged))
     if echo:
         print_summary(report, df, note)
@@ -412,6 +415,7 @@ def markdown_report(
         *probes.markdown(report.context, out),
         *report.passkey,
         *report.ruler,
+        *report.rope_base,
         *diverged_markdown(diverged),
         *skipped_markdown(report.skipped),
         "## Runs",

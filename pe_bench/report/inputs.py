@@ -148,6 +148,7 @@ class Report:
     context: probes.ContextUse | None = None  # the context-use probes' section
     passkey: list[str] = field(default_factory=list)  # the passkey section's markdown lines
     ruler: list[str] = field(default_factory=list)  # the RULER section's markdown lines
+    rope_base: list[str] = field(default_factory=list)  # a sweep over RoPE's base: its section
     tokenizers: str = ""  # what the report says when the records mix tokenizers
     frame: pd.DataFrame = field(default_factory=pd.DataFrame)  # the records the tables hold
     records: pd.DataFrame = field(default_factory=pd.DataFrame)  # every checked record

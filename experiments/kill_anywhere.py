@@ -54,7 +54,8 @@ import kill_together
 import torch
 from same_outputs import IGNORED, compare_folders
 
-from pe_bench.records import atomic_write_text, device_name, git_sha
+from pe_bench.files import atomic_write_text
+from pe_bench.provenance import device_name, git_sha
 
 COMMAND = [
     "pe=rope",
@@ -87,6 +88,9 @@ PHASES = [
 ]
 OUT = Path(__file__).parents[1] / "results" / "kill_anywhere"
 ROOT = Path(__file__).parents[1]
+# The longest a run may take before the experiment gives up on it: on a 2-core machine busy
+# with 20 other processes a rerun that only found its records took over 10 minutes.
+WAIT = 3600  # s
 INTERRUPTED = 130  # pe-bench's exit status after Ctrl-C (pe_bench.cli.console)
 INTERRUPTED_LINE = "pe-bench: interrupted; rerun the same command to resume"
 # A sweep whose second job's scheme raises in training (the key's probe runs without
@@ -128,7 +132,7 @@ def run_to_end(out_root: Path, log: Path) -> float:
     """Run the command to its end; returns when it started (``time.time()``)."""
     started = time.time()
     proc = start(out_root, log)
-    if proc.wait(timeout=600) != 0:
+    if proc.wait(timeout=WAIT) != 0:
         raise RuntimeError(f"pe-bench failed (exit {proc.returncode}); see {log}")
     return started
 
@@ -232,10 +236,10 @@ def plugin_trial(work: Path) -> Trial:
     """The sweep with a job whose plugin raises in training, against the sweep without it."""
     result = Trial(1, kind="plugin failure")
     ref_root, got_root = work / "plugin-reference", work / "plugin-trial"
-    if start(ref_root, work / "plugin-reference.log", PLUGIN_REFERENCE).wait(timeout=600):
+    if start(ref_root, work / "plugin-reference.log", PLUGIN_REFERENCE).wait(timeout=WAIT):
         return Trial(1, mismatches=["the reference sweep failed"], kind=result.kind)
     log = work / "plugin-trial.log"
-    status = start(got_root, log, PLUGIN_SWEEP).wait(timeout=600)
+    status = start(got_root, log, PLUGIN_SWEEP).wait(timeout=WAIT)
     text = log.read_text()
     failed = [line for line in text.splitlines() if "failed: " in line]
     if status != 1 or len(failed) != 1 or "RuntimeError" not in failed[0] or "Traceback" in text:

@@ -20,6 +20,7 @@ SPLITS = ("train", "valid", "test")
 SOURCES = ("stdlib", "text", "hf", "task")
 HF_SPLITS = {"train": "train", "valid": "validation", "test": "test"}  # data.splits default
 SPLIT_MODES = ("auto", "document", "bytes")
+TEXT_PATH = "a text file, or a folder of them (data.glob picks which)"  # data=text's data.path
 FRACTION = Range(gt=0, lt=1)  # of the data in the valid or the test split: neither is empty
 
 
@@ -94,7 +95,7 @@ class DataConfig:
                 )
             build_task(self.task_config())  # an unknown task name is refused here
         if self.source == "text" and not Path(str(self.path)).expanduser().exists():
-            raise UserError(f"data.path={self.path!r} does not exist")
+            raise UserError(f"data.path={self.path!r} does not exist; allowed: {TEXT_PATH}")
         if self.split not in SPLIT_MODES:
             raise UserError(f"data.split={self.split!r} is not one of {', '.join(SPLIT_MODES)}")
         if self.valid_frac + self.test_frac >= 1:

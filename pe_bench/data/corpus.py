@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pe_bench.data.config import HF_SPLITS, SPLITS, DataConfig
+from pe_bench.data.config import HF_SPLITS, SPLITS, TEXT_PATH, DataConfig
 from pe_bench.data.tasks import TaskData, load_task
 from pe_bench.data.tokenizer import BPE, BYTE, ByteTokenizer, Tokenizer, build_tokenizer
 from pe_bench.errors import UserError
@@ -158,8 +158,7 @@ def _tokens_bound(source: str, path: str, pattern: str) -> int | None:
     if source == "stdlib":
         files = stdlib_paths()
     elif source == "text":
-        root = Path(path).expanduser()
-        files = [root] if root.is_file() else [p for p in root.glob(pattern) if p.is_file()]
+        files = text_files(path, pattern)
     else:
         return None
     return sum(path.stat().st_size for path in files) + max(len(files) - 1, 0)  # "\n"-joined
@@ -190,11 +189,7 @@ def text_documents(path: str, pattern: str) -> dict[str, bytes]:
     Files are read as bytes: the byte tokenizer needs no decoding, so non-UTF-8 text is fine.
     """
     root = Path(path).expanduser()
-    if not root.exists():
-        raise UserError(f"data.path={path!r} does not exist")
-    files = [root] if root.is_file() else sorted(p for p in root.glob(pattern) if p.is_file())
-    if not files:
-        raise UserError(f"data.path={path!r} has no files matching data.glob={pattern!r}")
+    files = text_files(path, pattern)
     docs = {}
     for file in files:
         try:
@@ -204,8 +199,26 @@ def text_documents(path: str, pattern: str) -> dict[str, bytes]:
         except OSError as err:
             raise UserError(f"cannot read {file}: {err.strerror}") from err
     if not any(docs.values()):
-        raise UserError(f"data.path={path!r}: every file is empty")
+        raise UserError(
+            f"data.path={path!r}: every file is empty; allowed: text, enough for windows of "
+            "train.seq_len + 1 tokens in each split"
+        )
     return docs
+
+
+def text_files(path: str, pattern: str) -> list[Path]:
+    """The file ``path`` or the files under the folder ``path`` matching ``pattern``: at least
+    one, or a ``UserError`` naming the path and what is allowed."""
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise UserError(f"data.path={path!r} does not exist; allowed: {TEXT_PATH}")
+    files = [root] if root.is_file() else sorted(p for p in root.glob(pattern) if p.is_file())
+    if not files:
+        raise UserError(
+            f"data.path={path!r} has no files matching data.glob={pattern!r}; allowed: a "
+            "folder with at least one, a text file, or a data.glob that matches its files"
+        )
+    return files
 
 
 def split_documents(docs: dict[str, bytes], cfg: Mapping[str, Any]) -> dict[str, bytes]:

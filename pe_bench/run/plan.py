@@ -216,22 +216,26 @@ def _check_inputs(cfg: RunConfig) -> torch.device:
 
 def check_corpus_length(cfg: RunConfig) -> None:
     """Refuse a training length the corpus cannot hold a window of (its size from its files,
-    ``corpus.tokens_bound``), before the memory check would suggest a smaller batch."""
+    ``corpus.tokens_bound``: a text path without files is refused there), before the memory
+    check would suggest a smaller batch; an empty text is refused too, before anything is
+    made."""
     size = tokens_bound(cfg.data)
     settings = [("train", cfg.train)]
     settings += [(f"finetunes.{k}", ft.train_config(cfg.train)) for k, ft in cfg.finetunes.items()]
     for where, train in settings:
-        if size and train.seq_len + 1 > size:  # an empty text: the loader names it
+        if size is not None and train.seq_len + 1 > size:
             path = cfg.data.path
             corpus = f"data.path={path!r}" if path else f"data={cfg.data.source}"
             share = 1 - cfg.data.valid_frac - cfg.data.test_frac
             least = math.ceil(round((train.seq_len + 2) / share, 6))  # 18 / 0.8999..: 20
+            enough = f"a text of at least {least:,} bytes (windows of seq_len + 1 tokens in its "
+            enough += "train split)"
+            if not size:
+                raise UserError(f"{corpus}: every file is empty; allowed: {enough}")
             raise UserError(
                 f"{where}.seq_len={train.seq_len:,} is longer than the corpus: {corpus} holds "
-                f"{size:,} byte{'' if size == 1 else 's'}, at most as many tokens; allowed: a "
-                f"text of at least "
-                f"{least:,} bytes (windows of seq_len + 1 tokens in its train split), or a "
-                "shorter seq_len"
+                f"{size:,} byte{'' if size == 1 else 's'}, at most as many tokens; allowed: "
+                f"{enough}, or a shorter seq_len"
             )
 
 

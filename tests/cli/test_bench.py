@@ -120,18 +120,6 @@ def test_eval_tokens_rounded_to_longest_length(tmp_path):
     assert set(load_records(tmp_path)["tokens"]) == {256}
 
 
-@pytest.mark.slow
-def test_bad_data_files_are_one_clear_line(tmp_path):
-    empty = tmp_path / "empty.txt"
-    empty.write_bytes(b"")
-    proc = pe_bench(*TINY, "data=text", f"data.path={empty}", out=tmp_path)
-    assert proc.returncode == 2 and "every file is empty" in proc.stderr
-    folder = tmp_path / "docs"
-    folder.mkdir()
-    proc = pe_bench(*TINY, "data=text", f"data.path={folder}", out=tmp_path)
-    assert proc.returncode == 2 and "has no files matching data.glob='**/*.txt'" in proc.stderr
-
-
 SHRUNK = [
     "model=smoke",
     "train.steps=3",

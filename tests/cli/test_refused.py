@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from pe_bench.cli import bench
 from pe_bench.cli.command_line import check_command
 from pe_bench.errors import UserError
 from pe_bench.run.store import first_missing, remove_refused
@@ -96,17 +98,77 @@ def test_a_refused_run_removes_only_what_it_made(tmp_path):
     assert (folder / "records.jsonl").exists()
 
 
-@pytest.mark.slow  # the console script, refused while loading its data
-def test_a_corpus_too_small_to_split_is_one_line_and_nothing_is_made(tmp_path):
-    (tmp_path / "one.txt").write_text("x")
-    proc = pe_bench("data=text", f"data.path={tmp_path / 'one.txt'}", *TINY, out=tmp_path / "o")
-    assert proc.returncode == 2
-    assert proc.stderr.splitlines()[-1] == (
-        f"pe-bench: error: train.seq_len=16 is longer than the corpus: data.path="
-        f"'{tmp_path / 'one.txt'}' holds 1 byte, at most as many tokens; allowed: a text of at "
-        "least 20 bytes (windows of seq_len + 1 tokens in its train split), or a shorter seq_len"
-    )
-    assert not (tmp_path / "o").exists()
+def refused_inputs(tmp_path: Path) -> dict[str, tuple[list[str], str]]:
+    """Issue 37, item 7's refused inputs: the command's arguments and the start of its one
+    line, which names the bad value and what is allowed."""
+    for name, text in [("empty.txt", ""), ("one.txt", "x"), ("docs/notes.md", "notes")]:
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "hf").mkdir()  # a model's folder without config.json
+    text = ["data=text", *TINY]
+    return {
+        "model.name missing": (
+            ["model=hf", f"model.name={tmp_path / 'no_model'}"],
+            f"model.name='{tmp_path / 'no_model'}': no such file or folder; allowed: a local "
+            "folder with config.json",
+        ),
+        "model folder without config.json": (
+            ["model=hf", f"model.name={tmp_path / 'hf'}"],
+            f"cannot load the config of Hugging Face model '{tmp_path / 'hf'}' (",
+        ),
+        "empty text": (
+            [*text, f"data.path={tmp_path / 'empty.txt'}"],
+            f"data.path='{tmp_path / 'empty.txt'}': every file is empty; allowed: a text of at "
+            "least 20 bytes (windows of seq_len + 1 tokens in its train split)",
+        ),
+        "1-byte text": (
+            [*text, f"data.path={tmp_path / 'one.txt'}"],
+            f"train.seq_len=16 is longer than the corpus: data.path='{tmp_path / 'one.txt'}' "
+            "holds 1 byte, at most as many tokens; allowed: a text of at least 20 bytes (windows "
+            "of seq_len + 1 tokens in its train split), or a shorter seq_len",
+        ),
+        "folder without .txt": (
+            [*text, f"data.path={tmp_path / 'docs'}"],
+            f"data.path='{tmp_path / 'docs'}' has no files matching data.glob='**/*.txt'; "
+            "allowed: a folder with at least one, a text file, or a data.glob that matches",
+        ),
+        "missing text": (
+            [*text, f"data.path={tmp_path / 'no.txt'}"],
+            f"data.path='{tmp_path / 'no.txt'}' does not exist; allowed: a text file, or a "
+            "folder of them",
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "model.name missing",
+        "model folder without config.json",
+        "empty text",
+        "1-byte text",
+        "folder without .txt",
+        "missing text",
+    ],
+)
+def test_a_refused_input_is_one_line_naming_it_and_makes_nothing(
+    case, tmp_path, monkeypatch, capsys
+):
+    """``pe-bench``'s entry point (``cli.bench.main``, as the console script runs it): status
+    2, one line on stderr naming the value and what is allowed, no traceback, no out_root
+    (issue 37, item 7: these left job folders, and an empty text was named only by the
+    loader, after Hydra had made the job's folder)."""
+    args, message = refused_inputs(tmp_path)[case]
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["pe-bench", *args, f"out_root={out}"])
+    with pytest.raises(SystemExit) as done:
+        bench.main()
+    captured = capsys.readouterr()
+    assert done.value.code == 2, captured.err
+    assert captured.err.startswith(f"pe-bench: error: {message}"), captured.err
+    assert captured.err.count("\n") == 1 and "allowed: " in captured.err
+    assert "Traceback" not in captured.out + captured.err
+    assert not out.exists()
 
 
 @pytest.mark.slow  # a sweep of two jobs, one failing in training

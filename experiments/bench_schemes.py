@@ -50,9 +50,10 @@ from pe_bench.conformance.cost import (
     train_step,
 )
 from pe_bench.errors import UserError
+from pe_bench.files import atomic_write_text
 from pe_bench.model.attention import attention_path
 from pe_bench.model.gpt import GPT, ModelConfig, build_model
-from pe_bench.records import atomic_write_text, provenance
+from pe_bench.provenance import provenance
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_throughput import matmul_peak

@@ -37,8 +37,9 @@ from pe_bench.conformance.cost import (
     train_flops_per_token,
 )
 from pe_bench.conformance.cost import timed as timed_window
+from pe_bench.files import atomic_write_text
 from pe_bench.model.gpt import ModelConfig, build_model
-from pe_bench.records import atomic_write_text, provenance
+from pe_bench.provenance import provenance
 from pe_bench.run.train import autocast
 
 # Our scheme -> x-transformers Decoder keyword arguments for the same scheme.

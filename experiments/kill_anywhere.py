@@ -54,7 +54,8 @@ import kill_together
 import torch
 from same_outputs import IGNORED, compare_folders
 
-from pe_bench.records import atomic_write_text, device_name, git_sha
+from pe_bench.files import atomic_write_text
+from pe_bench.provenance import device_name, git_sha
 
 COMMAND = [
     "pe=rope",

@@ -259,7 +259,8 @@ class Folder:
     def __init__(self, path: Path) -> None:
         from omegaconf import OmegaConf
 
-        from pe_bench.records import POSITIONS, RECORDS, read_jsonl
+        from pe_bench.files import read_jsonl
+        from pe_bench.records import POSITIONS, RECORDS
         from pe_bench.run.plan import RunConfig
 
         self.path = path
@@ -407,7 +408,8 @@ def compare(old: dict[str, Any], new: dict[str, Any]) -> tuple[bool, str]:
 def migrate(results: Path, check: bool) -> int:
     """Migrate every job folder under ``results``; returns how many records were not."""
     from pe_bench.config import config_hash
-    from pe_bench.records import POSITIONS, RECORD_KEY, RECORDS, record_key, write_jsonl
+    from pe_bench.files import write_jsonl
+    from pe_bench.records import POSITIONS, RECORD_KEY, RECORDS, record_key
 
     folders = [Folder(p.parent) for p in sorted(results.glob("**/records.jsonl"))]
     needed: dict[str, dict[str, dict[str, Any]]] = collections.defaultdict(dict)

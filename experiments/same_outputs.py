@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from pe_bench.records import read_jsonl
+from pe_bench.files import read_jsonl
 from pe_bench.run.store import DONE
 
 # Record fields that measure time, memory, date or the host (and the code's version, which

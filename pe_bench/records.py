@@ -1,37 +1,26 @@
-"""Records: one JSON line per (run, variant, eval length, mode), written atomically.
+"""Records: one JSON line per (run, variant, eval length, mode).
 
 Each run directory holds ``records.jsonl`` (the numbers), ``positions.jsonl`` (per-position
 loss per eval length) and ``curve.jsonl`` (training curve); ``pe_bench.run.store.RunStore`` owns
-them. ``make_record`` builds every record and ``RECORD_KEY`` names what identifies one. Files
-are rewritten whole through a temporary file and ``os.replace``, so a crash leaves the old file
-or the new one, never a half line (``atomic_write``, also for the report's figures).
-``load_records`` reads every ``records.jsonl`` under a folder into one DataFrame, refusing a
-file that is not JSON lines or that holds more than one trained run.
+them. ``make_record`` builds every record and ``RECORD_KEY`` names what identifies one; a
+record's provenance (code, device, versions) is ``pe_bench.provenance``'s, and its file is
+written whole by ``pe_bench.files``. ``load_records`` reads every ``records.jsonl`` under a
+folder into one DataFrame, refusing a file that is not JSON lines or that holds more than one
+trained run.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
-import json
-import logging
 import math
-import os
-import platform
 import shlex
-import subprocess
-import tempfile
 from collections.abc import Callable, Iterable
-from functools import cache
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import pandas as pd
-import torch
 
 from pe_bench.errors import UserError
-
-log = logging.getLogger(__name__)
+from pe_bench.files import numbered_rows
 
 RECORDS = "records.jsonl"
 POSITIONS = "positions.jsonl"
@@ -106,114 +95,6 @@ def bits_per_byte(nll: float, bytes_per_token: float = 1.0) -> float:
     return nll / math.log(2) / bytes_per_token
 
 
-def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Call ``write`` on a binary file that then replaces ``path`` whole, so that readers see
-    the old file or the new one: a unique temporary file beside it (two writers never share
-    one), flushed to disk, then ``os.replace``; removed if anything fails or interrupts. An
-    ``OSError`` names ``path`` (a write that fails on a full disk names no file of its own)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be shared
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as err:
-        Path(tmp).unlink(missing_ok=True)
-        cause = _os_error(err)  # torch.save's RuntimeError on a full disk hides an OSError
-        if cause is not None and cause.filename is None:
-            raise OSError(cause.errno, cause.strerror or str(cause), str(path)) from err
-        raise
-
-
-def _os_error(err: BaseException | None) -> OSError | None:
-    """``err`` if it is an ``OSError``, else the one it was raised while handling."""
-    while err is not None and not isinstance(err, OSError):
-        err = err.__context__
-    return err
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """``atomic_write`` of ``data``."""
-    atomic_write(path, lambda f: f.write(data))
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """``atomic_write_bytes`` of ``text`` as UTF-8."""
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
-    atomic_write_text(path, "".join(json.dumps(row, allow_nan=True) + "\n" for row in rows))
-
-
-def read_jsonl(path: Path, move_aside: bool = False) -> list[dict]:
-    """Rows of a JSON-lines file; corrupt lines are skipped with one log line naming the file
-    and the first of them (once a process). With ``move_aside`` (the run that holds the job
-    folder), they are moved to ``<name>.corrupt`` beside it, so that no later run or report
-    meets them again and nothing is lost."""
-    return [row for _, row in numbered_rows(path, move_aside)]
-
-
-CORRUPT = ".corrupt"  # suffix of the file beside a JSON-lines file that holds its corrupt lines
-_warned: set[tuple[str, tuple[int, ...]]] = set()  # (file, its corrupt lines) said once
-
-
-def numbered_rows(path: Path, move_aside: bool = False) -> list[tuple[int, dict]]:
-    """(line number, row) of each JSON object line of ``path``. Lines that are not a JSON
-    object are skipped with one log line naming the file and the first of them (moved aside
-    with ``move_aside``: ``read_jsonl``); a file that is not UTF-8 text (binary) is a
-    ``UserError`` naming it."""
-    try:
-        text = Path(path).read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise UserError(
-            f"{path}: not a JSON-lines file (byte {err.start} is not UTF-8 text); "
-            "pe-bench writes one JSON object per line"
-        ) from None
-    except OSError as err:
-        raise UserError(f"{path}: cannot be read: {err.strerror}") from None
-    rows, bad = [], []
-    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # as open() reads
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            row = None
-        if isinstance(row, dict):
-            rows.append((number, row))
-        else:
-            bad.append((number, line))
-    if bad and move_aside:
-        _move_aside(Path(path), [line for _, line in bad], [row for _, row in rows])
-    elif bad and (str(path), tuple(n for n, _ in bad)) not in _warned:
-        _warned.add((str(path), tuple(n for n, _ in bad)))
-        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        log.warning(
-            "%s:%d: corrupt line skipped%s; the next pe-bench run of its job moves it to %s",
-            path,
-            bad[0][0],
-            more,
-            Path(path).name + CORRUPT,
-        )
-    return rows
-
-
-def _move_aside(path: Path, lines: list[str], rows: list[dict]) -> None:
-    """Append ``lines`` to ``path``'s ``.corrupt`` file, then rewrite ``path`` with ``rows``
-    alone (in that order: a kill between the two leaves a line in both, never in neither)."""
-    aside = path.with_name(path.name + CORRUPT)
-    kept = aside.read_text(encoding="utf-8") if aside.exists() else ""
-    atomic_write_text(aside, kept + "".join(f"{line}\n" for line in lines))
-    write_jsonl(path, rows)
-    more = f" (and {len(lines) - 1} more)" if len(lines) > 1 else ""
-    log.warning("%s: a corrupt line%s moved to %s", path, more, aside.name)
-
-
 def load_records(root: str | Path, check: Callable[[dict], str] | None = None) -> pd.DataFrame:
     """Every record under ``root`` (multirun folders included) as one DataFrame, with the
     job folder each came from (``folder``, relative to ``root``).
@@ -251,87 +132,3 @@ def check_one_run(file: Path, rows: list[dict]) -> None:
             "folder holds one trained model and its fine-tunes: move each run into a folder "
             "of its own"
         )
-
-
-CODE_PATHS = (":(top)pe_bench", ":(top)conf", ":(top)pyproject.toml")
-
-
-@cache
-def git_sha() -> str:
-    """The code's git commit, with ``-dirty`` for uncommitted changes to what sets the numbers
-    (the package, its configs, its pins; not results or docs, which runs themselves rewrite);
-    ``unknown`` outside git."""
-    here = Path(__file__).resolve().parent
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return sha + ("-dirty" if dirty else "")
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    threads = torch.get_num_threads()
-    plural = "" if threads == 1 else "s"
-    return f"cpu ({platform.processor() or platform.machine()}, {threads} thread{plural})"
-
-
-@cache
-def cpu_model() -> str:
-    """The CPU's model name: ``model name`` of /proc/cpuinfo (Linux), else the platform's
-    processor string, else the machine type (``x86_64``)."""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and value.strip():
-                return " ".join(value.split())
-    return platform.processor() or platform.machine() or "unknown"
-
-
-def provenance(device: torch.device) -> dict:
-    """Where and with what a record was made. ``cpu_model`` and ``cpu_capability`` (the
-    vector kernels ATen dispatches to: ``DEFAULT``, ``AVX2``, ``AVX512``, ...; it follows
-    ``ATEN_CPU_CAPABILITY``) name what decides the last bits of a CPU run's numbers: two
-    machines of another kind give other numbers (docs/reliability.md#determinism)."""
-    return {
-        "git_sha": git_sha(),
-        "torch": torch.__version__.split("+")[0],
-        "device": device.type,
-        "hardware": device_name(device),
-        "cpu_model": cpu_model(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-def reset_peak_memory(device: torch.device) -> None:
-    """Start a new peak-memory measurement (see ``peak_memory_mb``)."""
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    else:
-        with contextlib.suppress(OSError):  # Linux: "5" resets the peak RSS (VmHWM)
-            Path("/proc/self/clear_refs").write_text("5")
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    """Peak memory since ``reset_peak_memory``: the CUDA allocator's peak on GPU; on CPU the
-    process's peak resident set (Linux ``VmHWM``; elsewhere the peak since the process started)."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

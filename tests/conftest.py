@@ -42,7 +42,7 @@ def unrendered_figures(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
     figures as a report does."""
     if request.node.get_closest_marker("real_figures") or request.node.get_closest_marker("slow"):
         return
-    from pe_bench.records import atomic_write_text
+    from pe_bench.files import atomic_write_text
     from pe_bench.report import figures
 
     def save(fig, folder: Path, name: str) -> Path:

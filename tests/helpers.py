@@ -21,8 +21,9 @@ from omegaconf import DictConfig
 from PIL import Image
 
 from pe_bench.cli.report import main as report_main
+from pe_bench.files import write_jsonl
 from pe_bench.model.gpt import GPT, ModelConfig, build_model
-from pe_bench.records import POSITIONS, write_jsonl
+from pe_bench.records import POSITIONS
 from pe_bench.report import aggregate
 from pe_bench.stats import log_buckets
 
@@ -360,7 +361,7 @@ def _files(path: Path) -> list[Path]:
 
 
 def read_rows(path: Path) -> list[dict]:
-    """The JSON lines of ``path`` as they are (no line skipped, unlike ``records.read_jsonl``)."""
+    """The JSON lines of ``path`` as they are (no line skipped, unlike ``files.read_jsonl``)."""
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 

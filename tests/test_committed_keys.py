@@ -12,7 +12,8 @@ import torch
 from omegaconf import OmegaConf
 
 from pe_bench.cli import bench
-from pe_bench.records import RECORDS, read_jsonl
+from pe_bench.files import read_jsonl
+from pe_bench.records import RECORDS
 from pe_bench.run.store import BYTES, RunStore
 
 ROOT = Path(__file__).parents[1]

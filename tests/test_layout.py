@@ -39,6 +39,7 @@ FLOORS = {
     "config": 2,
     "resolvers": 2,
     "stats": 2,
+    "provenance": 2,
     "files": 1,
     "errors": 0,
 }

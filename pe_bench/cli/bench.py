@@ -30,7 +30,7 @@ from pe_bench.cli.hydra_private import report_as_hydra
 from pe_bench.errors import UserError, os_message
 from pe_bench.pretrained import evaluate as pretrained
 from pe_bench.pretrained.plan import plan_pretrained
-from pe_bench.records import git_sha
+from pe_bench.provenance import git_sha
 from pe_bench.run import job, trained
 from pe_bench.run.config import CONF_DIR, RunConfig
 from pe_bench.run.distributed import rank_from_env

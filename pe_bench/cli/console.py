@@ -2,7 +2,7 @@
 one line before anything runs (libgomp only warns, then uses every core), and Ctrl-C ends the
 command in one line with status 130, saying what a rerun does, instead of a traceback. Nothing
 is half-written either way: every file pe-bench writes replaces the old one whole
-(``records.atomic_write``), and a folder's lock goes with its process. Once the work has ended,
+(``files.atomic_write``), and a folder's lock goes with its process. Once the work has ended,
 a further Ctrl-C (Python's shutdown joins threads and runs exit hooks: seconds) ends the process
 at once, silently, with the status it was ending with."""
 

@@ -25,9 +25,9 @@ from pathlib import Path
 from pe_bench.cli.command_line import check_command, has_option
 from pe_bench.cli.console import INTERRUPTED, console
 from pe_bench.errors import OneLineParser, UserError
-from pe_bench.files import exclusive_lock
+from pe_bench.files import atomic_write_bytes, exclusive_lock
 from pe_bench.positions import load_plugin, scheme_class
-from pe_bench.records import COMMANDS, atomic_write_bytes, load_records
+from pe_bench.records import COMMANDS, load_records
 from pe_bench.report.inputs import report_lock
 from pe_bench.run.sweep import (
     command_lines,

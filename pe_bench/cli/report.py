@@ -10,7 +10,8 @@ from pathlib import Path
 
 from pe_bench.cli.console import console
 from pe_bench.errors import OneLineParser, UserError, os_message
-from pe_bench.records import MODES, atomic_write_text
+from pe_bench.files import atomic_write_text
+from pe_bench.records import MODES
 from pe_bench.report import latex, metrics
 from pe_bench.report.build import build_report
 from pe_bench.report.inputs import Options, check_output_folder

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from pe_bench.errors import UserError
+from pe_bench.files import atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -188,8 +189,6 @@ def trained_bpe(train_text: bytes, vocab_size: int) -> HFTokenizer:
         show_progress=False,
     )
     tokenizer.train_from_iterator(text_chunks(utf8(train_text)), trainer=trainer)
-    from pe_bench.records import atomic_write_text  # torch and pandas: only when training
-
     atomic_write_text(path, tokenizer.to_str())
     log.info("trained a BPE tokenizer of %d symbols, cached in %s", vocab_size, path)
     return HFTokenizer(BPE, tokenizer)

@@ -30,14 +30,8 @@ from pe_bench.pretrained.plan import PretrainedPlan
 from pe_bench.pretrained.rope import rope_variant
 from pe_bench.pretrained.tail import score_tail
 from pe_bench.pretrained.truncate import score_truncated, scored_bytes
-from pe_bench.records import (
-    PASSKEY_MODE,
-    TAIL_MODE,
-    TRUNCATE_MODE,
-    is_ruler,
-    make_record,
-    provenance,
-)
+from pe_bench.provenance import provenance
+from pe_bench.records import PASSKEY_MODE, TAIL_MODE, TRUNCATE_MODE, is_ruler, make_record
 from pe_bench.run.evaluate import OUT_OF_MEMORY, EvalTask, is_out_of_memory, score
 from pe_bench.run.job import DataKey, RunContext, Steps
 from pe_bench.run.store import RunStore

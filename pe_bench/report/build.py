@@ -32,6 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from pe_bench.errors import UserError
+from pe_bench.files import atomic_write_text
 from pe_bench.positions import scheme_family
 from pe_bench.records import (
     CURVE,
@@ -39,7 +40,6 @@ from pe_bench.records import (
     POSITIONS,
     PROBES,
     TASK_MODE,
-    atomic_write_text,
     is_ruler,
     load_records,
 )
@@ -289,7 +289,7 @@ def comparison_cells(comparisons: list[compare.Comparison]) -> pd.DataFrame:
 
 def readable_hardware(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` with its records' ``hardware`` as the text says it: records made before
-    ``records.device_name`` counted threads in the singular say "1 threads"."""
+    ``provenance.device_name`` counted threads in the singular say "1 threads"."""
     if "hardware" not in df:
         return df
     return df.assign(hardware=df["hardware"].str.replace(r"\b1 threads\b", "1 thread", regex=True))

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pe_bench.records import atomic_write_text
+from pe_bench.files import atomic_write_text
 from pe_bench.report import latex
 from pe_bench.report.aggregate import label_order
 from pe_bench.report.markdown import cpu_kinds, distinct, markdown_table, write_csv

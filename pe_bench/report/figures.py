@@ -30,7 +30,7 @@ from matplotlib.figure import Figure
 from matplotlib.font_manager import FontProperties
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, ScalarFormatter
 
-from pe_bench.records import atomic_write
+from pe_bench.files import atomic_write
 from pe_bench.report.metrics import spec
 
 CLASSIC_LABELS = (

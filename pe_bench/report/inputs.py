@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from pe_bench.data.tokenizer import BYTE
 from pe_bench.errors import UserError
-from pe_bench.files import exclusive_lock
+from pe_bench.files import exclusive_lock, read_jsonl
 from pe_bench.records import (
     COMMANDS,
     MODES,
@@ -25,7 +25,6 @@ from pe_bench.records import (
     RECORDS,
     TASK_MODE,
     is_ruler,
-    read_jsonl,
     searchpath,
     sweep_command,
 )

@@ -29,7 +29,7 @@ import pandas as pd
 from matplotlib import pyplot as plt
 from scipy import stats as scipy_stats
 
-from pe_bench.records import atomic_write_text
+from pe_bench.files import atomic_write_text
 from pe_bench.report import aggregate, claims, figures, latex
 from pe_bench.report.inputs import Options, Report, commands, report_lock
 from pe_bench.report.markdown import cpu_kinds, markdown_table, write_csv

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pe_bench.records import atomic_write_text
+from pe_bench.files import atomic_write_text
 
 # The macros a table file defines with \providecommand (a paper's own definitions, made
 # before the first \input, win), and each style's defaults for the four a style sets.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from pe_bench.records import atomic_write_text
+from pe_bench.files import atomic_write_text
 from pe_bench.report import metrics
 
 SKIPPED = "‡"  # marks a table cell with a skipped evaluation (its reason is in report.md)

@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from pe_bench.records import PASSKEY_MODE, atomic_write_text
+from pe_bench.files import atomic_write_text
+from pe_bench.records import PASSKEY_MODE
 from pe_bench.report import aggregate, figures, latex
 from pe_bench.report.markdown import markdown_table, write_csv
 from pe_bench.stats import wilson

@@ -31,8 +31,8 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
+from pe_bench.files import atomic_write_text
 from pe_bench.positions.rotary import RoPE
-from pe_bench.records import atomic_write_text
 from pe_bench.report import aggregate, figures, latex, rope_theory
 from pe_bench.report.markdown import markdown_table, write_csv
 from pe_bench.stats import t_interval

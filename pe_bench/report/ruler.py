@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from pe_bench.records import atomic_write_text, is_ruler
+from pe_bench.files import atomic_write_text
+from pe_bench.records import is_ruler
 from pe_bench.report import aggregate, figures, latex
 from pe_bench.report.markdown import markdown_table, write_csv
 from pe_bench.report.passkey import depth_figure, depth_table

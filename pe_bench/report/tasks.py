@@ -26,7 +26,8 @@ from pathlib import Path
 import pandas as pd
 
 from pe_bench.data.tasks import TASKS
-from pe_bench.records import TASK_MODE, atomic_write_text
+from pe_bench.files import atomic_write_text
+from pe_bench.records import TASK_MODE
 from pe_bench.report import aggregate, cost, figures, latex, metrics
 from pe_bench.report.best import legend, value_marks
 from pe_bench.report.inputs import Options, Report, commands, report_lock

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from pe_bench.records import device_name
+from pe_bench.provenance import device_name
 from pe_bench.run.distributed import World
 from pe_bench.run.plan import Plan
 from pe_bench.run.progress import duration

@@ -35,15 +35,8 @@ from pe_bench.data.tasks import IGNORE, TaskData
 from pe_bench.errors import UserError
 from pe_bench.model.gpt import GPT
 from pe_bench.positions import PositionScheme
-from pe_bench.records import (
-    MODES,
-    PROBES,
-    RECORD_KEY,
-    TASK_MODE,
-    make_record,
-    peak_memory_mb,
-    reset_peak_memory,
-)
+from pe_bench.provenance import peak_memory_mb, reset_peak_memory
+from pe_bench.records import MODES, PROBES, RECORD_KEY, TASK_MODE, make_record
 from pe_bench.run.train import autocast, swap_scheme
 
 log = logging.getLogger(__name__)

@@ -28,17 +28,8 @@ from typing import Any
 
 from pe_bench.data.tokenizer import ByteTokenizer
 from pe_bench.errors import UserError, os_message
-from pe_bench.files import exclusive_lock
-from pe_bench.records import (
-    CURVE,
-    POSITIONS,
-    RECORD_KEY,
-    RECORDS,
-    atomic_write_text,
-    read_jsonl,
-    record_key,
-    write_jsonl,
-)
+from pe_bench.files import atomic_write_text, exclusive_lock, read_jsonl, write_jsonl
+from pe_bench.records import CURVE, POSITIONS, RECORD_KEY, RECORDS, record_key
 from pe_bench.run.evaluate import EvalTask
 
 log = logging.getLogger(__name__)
@@ -231,7 +222,7 @@ class RunStore:
 
     def _rows(self, name: str, fresh: bool) -> list[dict]:
         """The rows of file ``name`` (none when starting over); its corrupt lines are moved
-        aside by the writer (``records.read_jsonl``)."""
+        aside by the writer (``files.read_jsonl``)."""
         if fresh or not (self.folder / name).exists():
             return []
         return read_jsonl(self.folder / name, move_aside=self.writer)

@@ -29,7 +29,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from pe_bench.errors import UserError, os_message
-from pe_bench.records import COMMANDS, atomic_write_text, searchpath, sweep_command
+from pe_bench.files import atomic_write_text
+from pe_bench.records import COMMANDS, searchpath, sweep_command
 from pe_bench.report.build import build_report
 from pe_bench.report.inputs import Options, report_lock
 from pe_bench.run import tracking

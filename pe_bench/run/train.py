@@ -26,9 +26,9 @@ from pe_bench.config import Range, check_fields
 from pe_bench.data.corpus import Corpus
 from pe_bench.data.tasks import TaskData
 from pe_bench.errors import UserError
+from pe_bench.files import atomic_write
 from pe_bench.model.gpt import GPT
 from pe_bench.positions import PositionScheme
-from pe_bench.records import atomic_write
 from pe_bench.run.distributed import World
 from pe_bench.run.progress import Progress, log_epochs
 

@@ -22,7 +22,8 @@ from pe_bench.data.tasks import TaskData
 from pe_bench.data.tokenizer import BYTE, ByteTokenizer, Tokenizer
 from pe_bench.model.gpt import GPT
 from pe_bench.positions import options_label
-from pe_bench.records import make_record, provenance
+from pe_bench.provenance import provenance
+from pe_bench.records import make_record
 from pe_bench.run.calibrate import calibrate_schemes
 from pe_bench.run.evaluate import (
     EvalTask,

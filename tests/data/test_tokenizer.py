@@ -18,7 +18,8 @@ from pe_bench.data import tokenizer
 from pe_bench.data.corpus import load_corpus
 from pe_bench.data.tokenizer import ByteTokenizer, build_tokenizer
 from pe_bench.errors import UserError
-from pe_bench.records import load_records, make_record, write_jsonl
+from pe_bench.files import write_jsonl
+from pe_bench.records import load_records, make_record
 from pe_bench.report.build import build_report
 from pe_bench.report.inputs import Options
 from pe_bench.run.plan import plan

@@ -21,8 +21,9 @@ pytest.importorskip("accelerate")
 
 from pe_bench.cli import bench
 from pe_bench.errors import UserError
+from pe_bench.files import read_jsonl
 from pe_bench.pretrained import load
-from pe_bench.records import RECORDS, read_jsonl
+from pe_bench.records import RECORDS
 from pe_bench.report.build import build_report
 from pe_bench.report.inputs import Options
 from pe_bench.run import weights

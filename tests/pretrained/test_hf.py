@@ -18,10 +18,11 @@ pytest.importorskip("transformers")
 
 from pe_bench.cli import bench
 from pe_bench.errors import UserError
+from pe_bench.files import read_jsonl
 from pe_bench.positions import register
 from pe_bench.positions.rotary import RoPE
 from pe_bench.pretrained import key, load, rope
-from pe_bench.records import RECORDS, read_jsonl
+from pe_bench.records import RECORDS
 from pe_bench.report.build import build_report
 from pe_bench.run.config import ROPE_IMPLS, PretrainedConfig, RunConfig
 from pe_bench.run.evaluate import EvalConfig

@@ -318,7 +318,8 @@ def test_a_record_scores_with_a_wilson_interval():
 @pytest.mark.slow  # about 20 s: a tiny checkpoint answers 2 tasks x 2 labels x 1 length
 def test_ruler_is_planned_stored_resumed_and_reported(tmp_path):
     from pe_bench.cli import bench as cli
-    from pe_bench.records import RECORDS, read_jsonl
+    from pe_bench.files import read_jsonl
+    from pe_bench.records import RECORDS
     from pe_bench.report.build import build_report
 
     from ..helpers import compose

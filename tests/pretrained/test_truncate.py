@@ -122,7 +122,8 @@ def test_truncate_is_refused_for_a_trained_model():
 @pytest.mark.slow  # about 15 s: a tiny checkpoint, two modes, one variant
 def test_truncate_is_planned_stored_and_reported_with_position_intervals(tmp_path):
     from pe_bench.cli import bench as cli
-    from pe_bench.records import POSITIONS, read_jsonl
+    from pe_bench.files import read_jsonl
+    from pe_bench.records import POSITIONS
     from pe_bench.report.build import build_report
     from pe_bench.report.inputs import Options
 

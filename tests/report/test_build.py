@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from pe_bench.cli.report import main as report_main
-from pe_bench.records import write_jsonl
+from pe_bench.files import write_jsonl
 from pe_bench.report import aggregate, figures
 from pe_bench.report.build import build_report
 from pe_bench.report.inputs import Options

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from pe_bench.records import device_name
+from pe_bench.provenance import device_name
 from pe_bench.report import cost
 from pe_bench.report.build import build_report
 from tests.helpers import prepared, record, write_runs

@@ -17,7 +17,7 @@ import pytest
 
 from pe_bench.cli.report import main as report_main
 from pe_bench.errors import UserError
-from pe_bench.records import write_jsonl
+from pe_bench.files import write_jsonl
 from pe_bench.report.build import build_report
 from pe_bench.report.inputs import commands
 from tests.helpers import (

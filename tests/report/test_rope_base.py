@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pe_bench.records import write_jsonl
+from pe_bench.files import write_jsonl
 from pe_bench.report import aggregate, rope_base, rope_theory
 from pe_bench.report.build import build_report
 from tests.helpers import record

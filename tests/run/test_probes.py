@@ -15,9 +15,10 @@ from torch import Tensor
 
 from pe_bench.cli import bench
 from pe_bench.errors import UserError
+from pe_bench.files import read_jsonl, write_jsonl
 from pe_bench.model.gpt import GPT, CausalSelfAttention, ModelConfig
 from pe_bench.positions import ModelDims, PositionScheme
-from pe_bench.records import PROBES, RECORDS, read_jsonl, write_jsonl
+from pe_bench.records import PROBES, RECORDS
 from pe_bench.report.build import build_report
 from pe_bench.run import attention_weights, probes
 from pe_bench.run.evaluate import EvalConfig

@@ -16,7 +16,8 @@ import torch
 
 from pe_bench.cli import bench
 from pe_bench.errors import UserError
-from pe_bench.records import load_records, read_jsonl, write_jsonl
+from pe_bench.files import read_jsonl, write_jsonl
+from pe_bench.records import load_records
 from pe_bench.run import evaluate
 from pe_bench.run.plan import plan
 from pe_bench.run.train import load_checkpoint, save_checkpoint

@@ -15,8 +15,9 @@ import pytest
 from pe_bench.cli import bench
 from pe_bench.config import config_hash
 from pe_bench.errors import UserError
+from pe_bench.files import read_jsonl, write_jsonl
 from pe_bench.positions import scheme_key
-from pe_bench.records import POSITIONS, RECORD_KEY, RECORDS, read_jsonl, write_jsonl
+from pe_bench.records import POSITIONS, RECORD_KEY, RECORDS
 from pe_bench.run.plan import plan
 from pe_bench.run.store import FAILED, LOCK, RunStore
 

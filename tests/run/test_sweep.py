@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from omegaconf import DictConfig, open_dict
 
-from pe_bench.records import write_jsonl
+from pe_bench.files import write_jsonl
 from pe_bench.report.inputs import commands
 from pe_bench.run.sweep import (
     SweepCallback,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from pe_bench.errors import UserError
-from pe_bench.records import atomic_write_bytes, atomic_write_text
+from pe_bench.files import atomic_write_bytes, atomic_write_text
 from pe_bench.report import aggregate, cost
 from pe_bench.report.best import score_marks
 from pe_bench.report.figures import LANDMARKS

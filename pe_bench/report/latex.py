@@ -27,7 +27,8 @@ MACROS = r"""\makeatletter
 \newlength\peroom
 % \petable{caption}{label}{tabular}{notes}: a \pefloat float (auto: table, or table* in a
 % two-column document where the tabular is wider than a column), the tabular scaled down
-% (never up) to the line's width and to the page height its notes and \pecaptionroom leave.
+% (never up) to the line's width and to the page height its notes and \pecaptionroom leave;
+% notes taller than 0.7 of the page less \pecaptionroom are scaled down to that.
 \newcommand{\petable}[4]{%
 \sbox\petablebox{\pesize#3}%
 \def\pe@auto{auto}\edef\pe@env{\pefloat}%
@@ -36,6 +37,9 @@ MACROS = r"""\makeatletter
 \begin{\pe@env}[tbp]\centering\pesize
 \caption{#1}\label{#2}%
 \sbox\penotesbox{\parbox{\linewidth}{\footnotesize\raggedright#4}}%
+\setlength\peroom{\dimexpr0.7\textheight-\pecaptionroom\relax}%
+\ifdim\dimexpr\ht\penotesbox+\dp\penotesbox\relax>\peroom
+\sbox\penotesbox{\resizebox*{!}{\peroom}{\usebox\penotesbox}}\fi
 \ifdim\wd\petablebox>\linewidth
 \sbox\petablebox{\resizebox{\linewidth}{!}{\usebox\petablebox}}\fi
 \setlength\peroom{\dimexpr\textheight-\ht\penotesbox-\dp\penotesbox-\pecaptionroom\relax}%

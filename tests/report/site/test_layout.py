@@ -110,8 +110,12 @@ def test_the_header_row_and_label_column_stay_in_view(browser, width):
     below = max(0.0, rect(browser, bar)["bottom"])  # sticky at 1400; on a phone it scrolls away
     heads = table.find_elements("css selector", "thead th")
     WebDriverWait(browser, 5).until(lambda b: abs(rect(b, heads[1])["top"] - below) < 1)
+    edge = rect(browser, table.find_element("xpath", ".."))["right"]
     for head in heads[:3]:
-        assert abs(rect(browser, head)["top"] - below) < 1 and on_top(browser, head), head.text
+        assert abs(rect(browser, head)["top"] - below) < 1, head.text
+        r = rect(browser, head)
+        if r["left"] + r["width"] / 2 < edge:  # on a phone a column may lie past the box's edge
+            assert on_top(browser, head), head.text
     # sideways, the label column stays at the box's left edge, drawn over the numbers
     box = table.find_element("xpath", "..")
     js(browser, "arguments[0].scrollLeft = 300", box)

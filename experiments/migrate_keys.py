@@ -28,6 +28,12 @@ code that made it (its ``git_sha``) computes what today's code computes:
    act on import: they are differences. Log lines are compared out, and so is a loop counter
    that only they read (``_proof_source``).
 
+A fine-tuned model's record is keyed by the trained scheme alone, so its fine-tune scheme's
+caveat edited since (``drope``'s) leaves it current: it gets that caveat today wherever the
+fine-tune scheme's code at its commit computes today's numbers. A migrated record also gets
+the options its label shows today (``pe_options``, what differs from the defaults): bipe's
+``separators`` became a default, so ``bipe(separators=[10])`` is ``bipe``.
+
 A record whose code computed other numbers keeps what it has and is listed: the next run
 recomputes it. Rerunning the script changes nothing (records already under today's key are
 left as they are). ``--check`` says what it would do and writes nothing.
@@ -283,7 +289,7 @@ class Folder:
 
     def _plan_keys(self, run_cfg: Any) -> None:
         """Today's keys as ``plan`` gives them for this config."""
-        from pe_bench.positions import load_plugin
+        from pe_bench.positions import load_plugin, options_label
         from pe_bench.run.plan import plan
 
         if self.cfg["pe"].get("plugin"):
@@ -292,6 +298,8 @@ class Folder:
         job = plan(replace(run_cfg, train=replace(run_cfg.train, device="cpu")))
         self.pe_source = job.pe_source
         self.caveat = job.scheme.caveat  # what the trained scheme's records say of it today
+        self.finetune_caveats = {ft.key: ft.scheme.caveat for ft in job.finetunes}
+        self.pe_options: str | None = options_label(run_cfg.pe)  # the label's, as records have
         self.variants = {t.variant: (t.variant_hash, t.variant_source) for t in job.tasks}
 
     def _hf_keys(self) -> None:
@@ -315,6 +323,8 @@ class Folder:
         self.hf_variants = {v.key: v for v in built}
         self.pe_source = pretrained_key()
         self.caveat = None  # a pretrained model's caveats are its variants'
+        self.finetune_caveats: dict[str, str] = {}
+        self.pe_options = None
         self.variants = {"none": ("", "")} | {
             v.key: (config_hash(self.variant_cfgs[v.key]), variant_key(v, self.dims)) for v in built
         }
@@ -449,6 +459,8 @@ def migrate(results: Path, check: bool) -> int:
             )
             if current:
                 counts["already under today's key"] += 1
+                if _finetune_caveat(folder, record, verdicts):
+                    counts["fine-tune caveat refreshed"] += 1
                 continue
             why = _why_not(folder, record, verdicts, then, config_hash)
             if why:
@@ -457,6 +469,10 @@ def migrate(results: Path, check: bool) -> int:
                 continue
             old_key = record_key(record)
             _set_after(record, "pe_source", folder.pe_source, "config_hash")
+            if folder.pe_options is not None:  # a default edited: the label follows it
+                record.pop("pe_options", None)
+                if folder.pe_options:
+                    _set_after(record, "pe_options", folder.pe_options, "pe_source")
             if (
                 folder.caveat is not None
                 and record["variant"] == "none"
@@ -465,6 +481,7 @@ def migrate(results: Path, check: bool) -> int:
                 record.pop("caveat", None)
                 if folder.caveat:
                     record["caveat"] = folder.caveat
+            _finetune_caveat(folder, record, verdicts)
             if record["variant"] != "none":
                 record["variant_hash"] = today_hash
                 _set_after(record, "variant_source", today_variant, "tokens")
@@ -475,7 +492,7 @@ def migrate(results: Path, check: bool) -> int:
             if old_key in renamed:
                 row["variant_hash"] = renamed[old_key]
         print(f"{folder.path}: " + "; ".join(f"{n} {what}" for what, n in sorted(counts.items())))
-        if counts["migrated"] and not check:
+        if (counts["migrated"] or counts["fine-tune caveat refreshed"]) and not check:
             if folder.positions:
                 write_jsonl(folder.path / POSITIONS, folder.positions)
             write_jsonl(folder.path / RECORDS, folder.records)
@@ -506,6 +523,28 @@ def _why_not(
             if record["variant_hash"] not in made_by:
                 return f"config.yaml's {record['variant']} did not make it (variant_hash)"
     return ""
+
+
+def _finetune_caveat(
+    folder: Folder, record: dict[str, Any], verdicts: dict[tuple[str, str], tuple[bool, str]]
+) -> bool:
+    """Give a fine-tuned model's record the caveat its fine-tune scheme has today, where that
+    scheme computes today what it computed at the record's commit (the record's key is the
+    trained scheme's, so an edited caveat leaves it current); whether the record changed."""
+    key = record.get("finetune")
+    if key not in folder.finetune_caveats:
+        return False
+    for role, item in folder.items(record):
+        if role == "fine-tune scheme" and not verdicts[(record["git_sha"], _item_id(item))][0]:
+            return False
+    caveat = folder.finetune_caveats[key]
+    if record.get("caveat") == (caveat or None):
+        return False
+    if caveat:
+        _set_after(record, "caveat", caveat, "final_val_loss")
+    else:
+        record.pop("caveat", None)
+    return True
 
 
 def _set_after(record: dict[str, Any], field: str, value: Any, after: str) -> None:

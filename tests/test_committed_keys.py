@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 from pe_bench.cli import bench
 from pe_bench.files import read_jsonl
+from pe_bench.positions import load_plugin, options_label
 from pe_bench.records import RECORDS
 from pe_bench.run.store import BYTES, RunStore
 
@@ -70,6 +71,24 @@ def test_every_committed_record_is_fresh_for_todays_code(example_plugin):
     assert sorted(stale) == sorted(AWAITING_RERUN), (
         "stale: run python experiments/migrate_keys.py (its docstring says why)"
     )
+
+
+@pytest.mark.slow  # 30 s on a loaded core: every committed record
+def test_every_committed_record_is_labelled_as_its_config_is_today(example_plugin):
+    """Each record's ``pe_options`` (the options its label shows) are what today's code gives
+    its folder's config.yaml: a default edited since (bipe's separators) is followed by
+    experiments/migrate_keys.py, or a report would label one configuration two ways."""
+    wrong = []
+    for path in sorted(RESULTS.glob("**/records.jsonl")):
+        cfg = OmegaConf.to_container(OmegaConf.load(path.parent / "config.yaml"), resolve=True)
+        if cfg["model"].get("source") == "hf":  # a pretrained model: no scheme options
+            continue
+        if cfg["pe"].get("plugin"):
+            load_plugin(cfg["pe"]["plugin"])
+        found = {r.get("pe_options", "") for r in read_jsonl(path)}
+        if found != {options_label(cfg["pe"])}:
+            wrong.append(f"{path.parent.relative_to(RESULTS)}: {sorted(found)}")
+    assert not wrong, "run python experiments/migrate_keys.py"
 
 
 @pytest.mark.slow  # 15 s

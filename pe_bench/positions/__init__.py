@@ -15,7 +15,7 @@ import importlib
 import importlib.metadata
 import inspect
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 from pe_bench.config import check_value
@@ -165,9 +165,17 @@ def options_label(cfg: Mapping[str, Any]) -> str:
     params = list(inspect.signature(cls.__init__).parameters.values())[2:]  # skip self, dims
     parts = []
     for param in params:
-        if param.name in cfg and cfg[param.name] != param.default:
+        if param.name in cfg and not _is_default(cfg[param.name], param.default):
             parts.append(f"{param.name}={_short(cfg[param.name])}")
     return ",".join(parts)
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    """Whether an option's value is its default; a list (as YAML gives one) is a tuple default
+    of the same items (a default cannot be a mutable list)."""
+    if isinstance(default, tuple) and isinstance(value, Sequence) and not isinstance(value, str):
+        return tuple(value) == default
+    return value == default
 
 
 def scheme_family(name: str) -> str:

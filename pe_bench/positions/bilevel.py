@@ -127,11 +127,11 @@ class BiPE(BilevelOptions, RoPE):
         dims: ModelDims,
         *,
         base: float = 10000.0,
-        separators: list[int] | None = None,
+        separators: tuple[int, ...] = (NEWLINE,),
         table_size: int | None = None,
     ) -> None:
         super().__init__(dims, base=base)
-        self.segments = Segments(dims, [NEWLINE] if separators is None else separators, table_size)
+        self.segments = Segments(dims, list(separators), table_size)
 
     def rotate(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int
@@ -172,12 +172,12 @@ class BiPEALiBi(BilevelOptions, PositionScheme):
         self,
         dims: ModelDims,
         *,
-        separators: list[int] | None = None,
+        separators: tuple[int, ...] = (NEWLINE,),
         table_size: int | None = None,
         slope_scale: float = 96.0,
     ) -> None:
         super().__init__(dims)
-        self.segments = Segments(dims, [NEWLINE] if separators is None else separators, table_size)
+        self.segments = Segments(dims, list(separators), table_size)
         slopes = torch.tensor(alibi_slopes(dims.num_heads)) * slope_scale
         self.register_buffer("slopes", slopes, persistent=False)
 

@@ -34,5 +34,11 @@ class DroPE(PositionScheme):
         return (
             "recalibrated after all of RoPE's training steps (the paper drops RoPE within a "
             "fixed budget) by pe-bench's fine-tune, AdamW with betas 0.9, 0.95 and cosine to "
-            "10% (the authors' code: 0.9, 0.999, to 0); no QK norm (its qk_norm_nope types)"
+            "10% (the authors' code: 0.9, 0.999, to 0); no QK norm (its qk_norm_nope types); "
+            "the authors recalibrate pretrained LLMs of 360M-7B parameters for thousands of "
+            "steps (their run configs: SmolLM 360M and 1.7B 120,000 steps at 2,048-8,192 "
+            "tokens, Llama-2 7B 5,000 steps of 512 x 4,096); the zoo's 0.85M parameters at "
+            f"L_train {self.dims.train_len} recalibrated for conf/finetune/drope.yaml's 60 "
+            "steps cannot show whether recalibration recovers RoPE's perplexity at L_train, "
+            "nor the paper's zero-shot extension and long-context retrieval"
         )

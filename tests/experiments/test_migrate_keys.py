@@ -86,3 +86,31 @@ def test_a_new_module_cannot_have_computed_old_numbers(migrate, monkeypatch, tmp
     assert migrate.compare(old, new)[0] is True
     edited = code_of(migrate, monkeypatch, tmp_path / "edited", "\n\nBLOCK = 1\n", "windowed")
     assert migrate.compare(old, edited)[0] is False
+
+
+class FineTuned:
+    """A job folder of one fine-tune, ``drope``, whose scheme today has ``caveat``."""
+
+    def __init__(self, migrate, caveat: str) -> None:
+        self.finetune_caveats = {"drope": caveat}
+        self.ft_item = migrate._scheme_item({"name": "drope"}, {"train_len": 64})
+
+    def items(self, record: dict) -> list:
+        return [("fine-tune scheme", self.ft_item)] if record.get("finetune") else []
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_a_fine_tuned_record_gets_its_fine_tune_scheme_s_caveat_where_the_numbers_hold(
+    migrate, same
+):
+    """A fine-tuned record's key is the trained scheme's: its fine-tune scheme's edited caveat
+    reaches it only through the script, in place, and only where that scheme's code at the
+    record's commit computes today's numbers."""
+    folder = FineTuned(migrate, "new words")
+    record = {"git_sha": "abc", "final_val_loss": 1.0, "caveat": "old", "finetune": "drope"}
+    verdicts = {("abc", migrate._item_id(folder.ft_item)): (same, "")}
+    assert migrate._finetune_caveat(folder, record, verdicts) is same
+    assert record["caveat"] == ("new words" if same else "old")
+    assert list(record) == ["git_sha", "final_val_loss", "caveat", "finetune"]
+    trained = {"git_sha": "abc", "caveat": "rope's"}
+    assert not migrate._finetune_caveat(folder, trained, verdicts) and trained["caveat"] == "rope's"

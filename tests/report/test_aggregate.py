@@ -274,6 +274,8 @@ def test_labels_carry_non_default_options():
         ({"name": "rope", "base": 500000.0}, "base=500000"),
         ({"name": "kerple_log"}, ""),
         ({"name": "learned", "max_positions": 512, "plugin": None}, "max_positions=512"),
+        ({"name": "bipe", "separators": [10], "table_size": None}, ""),  # YAML's list: default
+        ({"name": "bipe", "separators": [10, 46]}, "separators=[10,46]"),
     ],
 )
 def test_options_label(cfg, expected):

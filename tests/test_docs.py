@@ -59,3 +59,28 @@ def test_relative_links_resolve(page):
         elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
             broken.append(f"{target} (no heading #{anchor})")
     assert not broken, f"{page.relative_to(ROOT)}: {broken}"
+
+
+def layout_sections() -> dict[str, str]:
+    """docs/layout.md's "Packages" part cut at each package's bold heading (``**`run/`**``;
+    ``**Top level**`` is the package's own modules): the text that describes each package."""
+    text = (ROOT / "docs" / "layout.md").read_text()
+    packages = text.split("## Packages", 1)[1].split("\n## ", 1)[0]
+    parts = re.split(r"^\*\*(?:`([\w/]+)/`|(Top level))\*\*", packages, flags=re.M)
+    sections = zip(parts[1::3], parts[3::3], strict=True)  # parts[2::3]: "Top level" or None
+    return {name or "": body for name, body in sections}
+
+
+def test_layout_names_every_module_in_its_package():
+    """docs/layout.md is where a newcomer finds what a module does: every module of the
+    package is named (by file name, in backticks) under its package's heading."""
+    sections = layout_sections()
+    package = ROOT / "pe_bench"
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        top = rel.parts[0] if len(rel.parts) > 1 else ""
+        if path.name.startswith("__") or f"`{path.name}`" in sections.get(top, ""):
+            continue
+        missing.append(str(rel))
+    assert not missing, f"modules docs/layout.md does not name under their package: {missing}"

@@ -1,7 +1,15 @@
 """The three things pe-bench's command line needs from Hydra that Hydra does not make public
 (``hydra._internal``, Hydra 1.3), each wrapped in one function so that nothing else imports
 Hydra's internals and a Hydra upgrade that moves them breaks here alone
-(``tests/cli/test_hydra_private.py`` holds each to what its caller relies on)."""
+(``tests/cli/test_hydra_private.py`` holds each to what its caller relies on).
+
+None is public in hydra-core 1.3.8 nor on Hydra's main branch (1.4.0.dev9, August 2026):
+``hydra.main`` itself imports ``get_args_parser`` from ``hydra._internal.utils``, and neither
+``hydra``, ``hydra.utils`` nor ``hydra.core`` exports the parser, ``run_and_report`` or the basic
+sweeper. The job list could be rebuilt from the public ``Override.sweep_string_iterator``, but
+that would copy the sweeper's rules (a later override of a key replacing an earlier one, the
+product's order) instead of running them, and a copy that drifted would count a sweep's jobs
+unlike Hydra."""
 
 from __future__ import annotations
 

@@ -88,6 +88,7 @@ from pe_bench.report.sections import (
     value_markdown,
 )
 from pe_bench.report.significance import pairwise_tables, ranks_markdown
+from pe_bench.report.styles import report_styles
 from pe_bench.report.tasks import build_task_report
 
 
@@ -129,7 +130,7 @@ def build_report(
         write_tables(out / "tables", report)
         report.latex = write_latex(out / "tables", report, note)
         report.figures = draw_figures(out / "figures", root, rows, report, note)
-        style = figures.report_styles(aggregate.label_order(df), families(df))
+        style = report_styles(aggregate.label_order(df), families(df))
         report.latex += probes.write(report.context, out, style)
         report.passkey = passkey_section(checked, out)
         report.latex += [out / "tables" / "passkey.tex"] if report.passkey else []
@@ -307,7 +308,7 @@ def draw_figures(
     labels = aggregate.label_order(df)
     labels += [s for s in report.positions["label"].unique() if s not in labels]
     labels += [s for s in curves["label"].unique() if s not in labels]
-    style = figures.report_styles(labels, families(df))
+    style = report_styles(labels, families(df))
     metric, baseline = options.metric, options.baseline
     drawn = {}
     with figures.theme():

@@ -1,24 +1,18 @@
 """Figures of a report, drawn from the aggregated tables (``pe_bench.report.aggregate``) only.
 
-Every label keeps one style (colour, marker, line style) in every figure. Colours come from
-seaborn's colour-blind palette and four of Paul Tol's; labels drawn in one panel differ in
-colour, and markers and line styles tell the lines apart in black and white too. The classic
-labels always get the same style, whatever else a report holds.
+Every label keeps one style (colour, marker, line style) in every figure
+(``pe_bench.report.styles``).
 
 Figures are bare ``matplotlib.figure.Figure`` objects (no pyplot state, no display needed) and
 are saved without dates or software versions in their metadata, so that regenerating a report
 from the same records gives the same files.
-
-One module: the styles and the figures that draw with them change together (a style is chosen
-for the panels the figures make); the styles are the seam to split on next.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import matplotlib as mpl
@@ -32,115 +26,11 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, ScalarFo
 
 from pe_bench.files import atomic_write
 from pe_bench.report.metrics import spec
-
-CLASSIC_LABELS = (
-    "nope",
-    "sinusoidal",
-    "learned",
-    "t5",
-    "xl",
-    "rope",
-    "rope+pi",
-    "rope+ntk",
-    "alibi",
-)
-# seaborn "colorblind" (Wong's palette) in the order that gives the classic labels the darker
-# colours, black added, then four dark colours of Paul Tol's (indigo, wine, olive, magenta): 13
-# colours at least 25 apart in CIELAB (Delta E 1976; the closest pairs are Wong's own orange
-# and vermillion, blue and sky), none lighter than sky on white (Wong's yellow and light pink
-# dropped: on white they were hard to see). nope (no positions) is grey; rope is blue.
-PALETTE = (
-    "#949494",
-    "#de8f05",
-    "#ca9161",
-    "#cc78bc",
-    "#029e73",
-    "#0173b2",
-    "#56b4e9",
-    "#000000",
-    "#d55e00",
-    "#332288",
-    "#882255",
-    "#999933",
-    "#d81b60",
-)
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h")
-LINESTYLES = ("-", "--", ":", "-.")
+from pe_bench.report.styles import MAX_LINES, Style
 
 PLAIN = FuncFormatter(lambda x, _: f"{x:g}")  # tick labels 1, 4, 0.5 instead of 2^0, 10^-1
 PNG_METADATA = {"Software": None}
 PDF_METADATA = {"Creator": None, "Producer": None, "CreationDate": None}
-
-
-@dataclass(frozen=True)
-class Style:
-    color: str
-    marker: str
-    linestyle: str
-
-    def line(self) -> dict:
-        """Keyword arguments of ``Axes.plot``."""
-        return {"color": self.color, "marker": self.marker, "linestyle": self.linestyle}
-
-
-def styles(labels: list[str], groups: Mapping[str, str] | None = None) -> dict[str, Style]:
-    """A style per label: fixed for the classic labels, then in the given order for the rest.
-
-    ``groups`` maps a label to the panel it is drawn in (the labels drawn together; all of
-    them when None): labels drawn together get different colours while the 13 last, and no
-    two labels anywhere share a (colour, line style) pair (52 of them) or a (colour, marker)
-    pair, so every line differs from the others of its legend in colour, and from every line
-    in colour and dash. A label's style depends on the labels before it, not after.
-    """
-    others = [lab for lab in labels if lab not in CLASSIC_LABELS]
-    order = [*CLASSIC_LABELS, *others]
-    group = {lab: (groups or {}).get(lab, "") for lab in order}
-    pairs: set[tuple[str, str]] = set()
-    marked: set[tuple[str, str]] = set()
-    dashed: set[tuple[str, str]] = set()
-    found: dict[str, Style] = {}
-    for i, lab in enumerate(order):
-        if i < len(CLASSIC_LABELS):  # fixed: the same in every report
-            color, dash = PALETTE[i], LINESTYLES[i % len(LINESTYLES)]
-        else:
-            taken = {found[o].color for o in found if group[o] == group[lab]}
-            color, dash = _free_pair(taken, pairs)
-        marker = _free_marker(i, color, dash, marked, dashed)
-        pairs.add((color, dash))
-        marked.add((color, marker))
-        dashed.add((marker, dash))
-        found[lab] = Style(color, marker, dash)
-    return {lab: found[lab] for lab in labels}
-
-
-def report_styles(labels: list[str], families: Mapping[str, str]) -> dict[str, Style]:
-    """The styles of a report's labels (in its canonical order): by family, the panels
-    ``length_figure`` draws, where they are more than ``MAX_LINES`` (one panel otherwise)."""
-    return styles(labels, families if len(labels) > MAX_LINES else None)
-
-
-def _free_pair(taken: set[str], pairs: set[tuple[str, str]]) -> tuple[str, str]:
-    """A (colour, line style) not yet used, with a colour its panel does not show yet where
-    one is left: the least used such colour (so that each keeps line styles for the panels
-    after) with its least used line style (so that markers can tell apart the lines of one
-    style), in palette order, grey last (nope's, and the faint landmarks' shade)."""
-    colors = [*PALETTE[1:], PALETTE[0]]
-    used = {c: sum(c == pc for pc, _ in pairs) for c in colors}
-    dashed = {d: sum(d == pd for _, pd in pairs) for d in LINESTYLES}
-    free = [(c, d) for c in colors for d in LINESTYLES if (c, d) not in pairs]
-    fresh = [(c, d) for c, d in free if c not in taken]
-    ranked = sorted(fresh or free, key=lambda p: (used[p[0]], dashed[p[1]]))  # stable
-    return (ranked or [(PALETTE[len(pairs) % len(PALETTE)], "-")])[0]
-
-
-def _free_marker(
-    i: int, color: str, dash: str, marked: set[tuple[str, str]], dashed: set[tuple[str, str]]
-) -> str:
-    """A marker, from the ``i``-th on, not yet drawn in ``color`` (and, where one is left, not
-    with ``dash``): a legend swatch tells the label apart in black and white too."""
-    turn = [MARKERS[(i + k) % len(MARKERS)] for k in range(len(MARKERS))]
-    fresh = [m for m in turn if (color, m) not in marked]
-    return next((m for m in fresh if (m, dash) not in dashed), (fresh or turn)[0])
 
 
 @contextlib.contextmanager
@@ -170,7 +60,7 @@ def save(fig: Figure, folder: Path, name: str) -> Path:
     return png
 
 
-def _log2_lengths(ax, lengths: list[int]) -> None:
+def log2_lengths(ax, lengths: list[int]) -> None:
     """A log2 x axis with a tick at each length, labelled at most ``LENGTH_LABELS`` of them
     from the first on (21 labels of a task's lengths, 42 to 82, ran into each other)."""
     ax.set_xscale("log", base=2)
@@ -179,11 +69,12 @@ def _log2_lengths(ax, lengths: list[int]) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def _train_line(ax, train_len: int) -> None:
+def train_line(ax, train_len: int) -> None:
+    """A dotted vertical line at the training length."""
     ax.axvline(train_len, color="0.35", linestyle=(0, (1, 2)), linewidth=1, zorder=0)
 
 
-def _legend(fig: Figure, axes, style: dict[str, Style]) -> None:
+def legend(fig: Figure, axes, style: dict[str, Style]) -> None:
     """One legend for all panels, outside on the right, labels in the style's (canonical) order,
     in as many columns as the figure's height needs."""
     handles = {}
@@ -222,8 +113,6 @@ def _ci_band(ax, line: pd.DataFrame, x: str, color: str) -> None:
         )
 
 
-# Above this many lines one panel is unreadable: the length figure draws a panel per family.
-MAX_LINES = 16
 # Drawn faintly in every family's panel that lacks them, as landmarks to read the others by.
 LANDMARKS = ("nope", "rope", "alibi")
 
@@ -246,7 +135,7 @@ def length_figure(
         ax = fig.subplots()
         _length_lines(ax, stats, style, metric, train_len)
         ax.set_title(f"{spec(metric).title} vs evaluation length (trained at {train_len} tokens)")
-        _legend(fig, ax, style)
+        legend(fig, ax, style)
         footnote(fig, note)
         return fig
     groups = _groups(labels, families)
@@ -307,8 +196,8 @@ def _length_lines(ax, stats: pd.DataFrame, style: dict[str, Style], metric: str,
     for lab, cell in stats.groupby("label", sort=False):
         ax.plot(cell["eval_len"], cell["mean"], label=lab, markersize=5, **style[lab].line())
         _ci_band(ax, cell, "eval_len", style[lab].color)
-    _log2_lengths(ax, sorted(stats["eval_len"].unique()))
-    _train_line(ax, train_len)
+    log2_lengths(ax, sorted(stats["eval_len"].unique()))
+    train_line(ax, train_len)
     ax.annotate(
         "training length",
         (train_len, 1),
@@ -344,15 +233,15 @@ def task_figure(
         for lab, cell in table[table["n"] > 0].groupby("label", sort=False):
             ax.plot(cell["eval_len"], cell["mean"], label=lab, markersize=4, **style[lab].line())
             _ci_band(ax, cell, "eval_len", style[lab].color)
-        _log2_lengths(ax, sorted(table["eval_len"].unique()))
-        _train_line(ax, train_len[task])
+        log2_lengths(ax, sorted(table["eval_len"].unique()))
+        train_line(ax, train_len[task])
         if spec(metric).bounds:
             low, high = spec(metric).bounds
             ax.set_ylim(low - 0.03 * (high - low), high + 0.03 * (high - low))
         ax.set_title(task)
         ax.set_xlabel("input length (tokens)")
     axes[0].set_ylabel(spec(metric).axis)
-    _legend(fig, axes, style)
+    legend(fig, axes, style)
     return fig
 
 
@@ -423,7 +312,7 @@ def _window_axis(ax, length: int, train_len: int) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlim(1, length)
     if train_len < length:
-        _train_line(ax, train_len)
+        train_line(ax, train_len)
     ax.set_xlabel("position in window")
 
 
@@ -448,7 +337,7 @@ def curve_figure(curves: pd.DataFrame, style: dict[str, Style], note: str = "") 
         ax.set_xlabel("training step")
     axes[0].set_ylabel("loss (nats/token)")
     fig.suptitle("Training curves")
-    _legend(fig, axes, style)
+    legend(fig, axes, style)
     footnote(fig, note)
     return fig
 

@@ -35,6 +35,7 @@ from pe_bench.report.inputs import Options, Report, commands, report_lock
 from pe_bench.report.markdown import cpu_kinds, markdown_table, write_csv
 from pe_bench.report.rungs import RungResult, analyse, split_rungs
 from pe_bench.report.sections import value_markdown
+from pe_bench.report.styles import styles
 from pe_bench.stats import t_interval
 
 FAR = 16  # the eval factor the ladder compares at (16x the rung's training length)
@@ -118,7 +119,7 @@ def ladder_figure(far: pd.DataFrame, rungs: list[RungResult], x: str, title: str
     names = [r.rung.name for r in rungs]
     data = far[far["rung"].isin(names)]
     labels = [lab for lab in dict.fromkeys(far["label"]) if lab in set(data["label"])]
-    style = figures.styles(labels)
+    style = styles(labels)
     fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.6), layout="constrained")
     panels = (("ratio", f"perplexity at {FAR}x / at 1x"), ("nll", f"NLL at {FAR}x (nats/token)"))
     for ax, (column, ylabel) in zip(axes, panels, strict=True):

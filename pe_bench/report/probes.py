@@ -25,6 +25,7 @@ from matplotlib.figure import Figure
 from pe_bench.records import PROBES
 from pe_bench.report import aggregate, figures, latex
 from pe_bench.report.markdown import markdown_table, write_csv
+from pe_bench.report.styles import Style
 from pe_bench.stats import t_interval
 
 SIGNAL_BITS = 0.05  # the least retrieval gain (bits/token) that counts as a signal
@@ -314,7 +315,7 @@ def attention_section(use: ContextUse) -> list[str]:
 # ---- files ----------------------------------------------------------------------------------
 
 
-def write(use: ContextUse | None, out: Path, style: dict[str, figures.Style]) -> list[Path]:
+def write(use: ContextUse | None, out: Path, style: dict[str, Style]) -> list[Path]:
     """Write the section's tables (CSV and LaTeX) and figures into ``out``'s tables/ and
     figures/; returns the LaTeX tables' paths."""
     if use is None:
@@ -359,7 +360,7 @@ def write_latex(use: ContextUse, folder: Path) -> list[Path]:
     return [latex.write(folder, name, text, title, [note]) for name, text, title, note in found]
 
 
-def _gain_lines(ax, table: pd.DataFrame, style: dict[str, figures.Style], x: str) -> None:
+def _gain_lines(ax, table: pd.DataFrame, style: dict[str, Style], x: str) -> None:
     for lab, line in table.groupby("label", sort=False):
         ax.plot(line[x], line["mean"], label=lab, markersize=5, **style[lab].line())
         ok = line.dropna(subset=["ci_low", "ci_high"])
@@ -368,12 +369,10 @@ def _gain_lines(ax, table: pd.DataFrame, style: dict[str, figures.Style], x: str
                 ok[x], ok["ci_low"], ok["ci_high"], color=style[lab].color, alpha=0.15, lw=0
             )
     ax.axhline(0, color="0.35", linewidth=1, zorder=0)
-    figures._log2_lengths(ax, sorted(int(v) for v in table[x].unique()))
+    figures.log2_lengths(ax, sorted(int(v) for v in table[x].unique()))
 
 
-def gain_figure(
-    table: pd.DataFrame, style: dict[str, figures.Style], x: str, train_len: int
-) -> Figure:
+def gain_figure(table: pd.DataFrame, style: dict[str, Style], x: str, train_len: int) -> Figure:
     """Context gain vs eval length, a line per label with its 95% CI band."""
     fig = Figure(figsize=(7.5, 4.2), layout="constrained")
     ax = fig.subplots()
@@ -381,11 +380,11 @@ def gain_figure(
     ax.set_xlabel("evaluation length W (tokens, log scale)")
     ax.set_ylabel("bits/token (< 0: the context helps)")
     ax.set_title(f"Context gain: whole window minus last {train_len} tokens")
-    figures._legend(fig, ax, style)
+    figures.legend(fig, ax, style)
     return fig
 
 
-def retrieval_figure(use: ContextUse, style: dict[str, figures.Style]) -> Figure:
+def retrieval_figure(use: ContextUse, style: dict[str, Style]) -> Figure:
     """Retrieval gain (left) and copy accuracy (right) vs distance, a line per label."""
     fig = Figure(figsize=(9.5, 3.8), layout="constrained")
     gain_ax, acc_ax = fig.subplots(1, 2)
@@ -395,22 +394,20 @@ def retrieval_figure(use: ContextUse, style: dict[str, figures.Style]) -> Figure
         acc_ax.plot(
             line["distance"], line["copy_acc"], label=lab, markersize=5, **style[lab].line()
         )
-    figures._log2_lengths(acc_ax, sorted(int(v) for v in accuracy["distance"].unique()))
+    figures.log2_lengths(acc_ax, sorted(int(v) for v in accuracy["distance"].unique()))
     acc_ax.set_ylim(-0.05, 1.05)
     for ax in (gain_ax, acc_ax):
-        figures._train_line(ax, use.train_len)
+        figures.train_line(ax, use.train_len)
         ax.set_xlabel("distance D (tokens, log scale)")
     gain_ax.set_ylabel("bits/token (> 0: retrieves)")
     gain_ax.set_title("Retrieval gain")
     acc_ax.set_ylabel("exact-match copy accuracy")
     acc_ax.set_title("Copy accuracy")
-    figures._legend(fig, [gain_ax, acc_ax], style)
+    figures.legend(fig, [gain_ax, acc_ax], style)
     return fig
 
 
-def attention_figure(
-    table: pd.DataFrame, style: dict[str, figures.Style], train_len: int
-) -> Figure:
+def attention_figure(table: pd.DataFrame, style: dict[str, Style], train_len: int) -> Figure:
     """Mean attention distance (top) and entropy (bottom) vs eval length, a panel per layer,
     with uniform attention's values as a grey reference."""
     layers = sorted(table["layer"].unique())
@@ -431,8 +428,8 @@ def attention_figure(
                 ax.plot(
                     line["eval_len"], line[metric], label=lab, markersize=4, **style[lab].line()
                 )
-            figures._log2_lengths(ax, lengths)
-            figures._train_line(ax, train_len)
+            figures.log2_lengths(ax, lengths)
+            figures.train_line(ax, train_len)
             if row == 0:
                 ax.set_title(f"layer {layer}")
                 ax.set_yscale("log", base=2)
@@ -442,5 +439,5 @@ def attention_figure(
     axes[0, 0].set_ylabel("mean distance (tokens)")
     axes[1, 0].set_ylabel("entropy (nats)")
     fig.suptitle("Attention per layer vs evaluation length (dotted grey: uniform attention)")
-    figures._legend(fig, axes, {**style, "uniform attention": figures.Style("0.6", "", ":")})
+    figures.legend(fig, axes, {**style, "uniform attention": Style("0.6", "", ":")})
     return fig

@@ -43,6 +43,7 @@ from pe_bench.report.ranking import (
 )
 from pe_bench.report.sections import cpu_line, runs_markdown, trained_models, value_markdown
 from pe_bench.report.significance import pairwise_tables, ranks_markdown
+from pe_bench.report.styles import styles
 
 LEARNED = 0.5  # mean exact match at the training length below which a task counts as not learned
 MEANING = (
@@ -184,7 +185,7 @@ def draw_task_figures(
     folder: Path, report: Report, tasks: list[str], df: pd.DataFrame
 ) -> dict[str, Path]:
     train_len = train_lengths(df, tasks)
-    style = figures.styles(aggregate.label_order(df))
+    style = styles(aggregate.label_order(df))
     drawn = {}
     with figures.theme():
         for metric in metrics.names(metrics.TASK):

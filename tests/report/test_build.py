@@ -19,6 +19,7 @@ from pe_bench.report import aggregate, figures
 from pe_bench.report.build import build_report
 from pe_bench.report.inputs import Options
 from pe_bench.report.sections import score_markdown
+from pe_bench.report.styles import styles
 from tests.helpers import (
     CLASSIC,
     diverged,
@@ -105,7 +106,7 @@ def test_smoke_report_end_to_end(smoke):
 @pytest.mark.slow
 def test_smoke_figures_have_a_series_per_label(smoke):
     folder = smoke[1]
-    style = figures.styles(SMOKE_LABELS)
+    style = styles(SMOKE_LABELS)
     stats = pd.read_csv(folder / "tables" / "ppl.csv")
     fig = figures.length_figure(stats, style, "ppl", 16)
     assert [t.get_text() for t in fig.legends[0].get_texts()] == SMOKE_LABELS

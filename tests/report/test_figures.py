@@ -1,4 +1,5 @@
-"""Figures: one style per label everywhere, the expected series, byte-stable files."""
+"""Figures: the expected series and panels in each label's style, legends that fit, byte-stable
+files."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from PIL import Image
 
 from pe_bench.positions import scheme_family
 from pe_bench.report import aggregate, figures
+from pe_bench.report.styles import CLASSIC_LABELS, styles
 from tests.helpers import prepared, three_seeds
 
 
@@ -16,77 +18,8 @@ def labelled_lines(ax) -> list:
     return [line for line in ax.get_lines() if not line.get_label().startswith("_")]
 
 
-def test_classic_labels_keep_their_style_whatever_else_is_there():
-    few = figures.styles(["rope", "alibi"])
-    many = figures.styles([*figures.CLASSIC_LABELS, "fire", "rope+yarn"])
-    assert few["rope"] == many["rope"] and few["alibi"] == many["alibi"]
-
-
-def test_twenty_labels_differ_in_colour_and_in_black_and_white():
-    labels = [*figures.CLASSIC_LABELS, *(f"scheme{i}" for i in range(11))]
-    style = figures.styles(labels).values()
-    assert len({(s.color, s.linestyle) for s in style}) == 20
-    assert len({(s.marker, s.linestyle) for s in style}) == 20
-
-
-def test_no_two_labels_share_colour_and_marker():
-    # The zoo has 21 labels: past 11 the colours come round, and the legend swatches (colour and
-    # marker, the line too short to show its dashes) must still tell every label apart.
-    labels = [*figures.CLASSIC_LABELS, *(f"scheme{i}" for i in range(40))]
-    style = figures.styles(labels).values()
-    assert len({(s.color, s.marker) for s in style}) == len(labels)
-
-
-# The zoo's labels by panel (families), with the issue-38 schemes that join them.
-ZOO = {
-    "absolute or none": ["nope", "sinusoidal", "learned", "randomized_learned", "nope_temp"],
-    "additive bias": [
-        "t5", "alibi", "dape_alibi", "dape_kerple", "fire", "kerple_log", "kerple_power",
-        "sandwich", "ssmax_alibi", "bipe_alibi", "cable",
-    ],
-    "content-dependent and gated": [
-        "xl", "cope", "fox", "shaw", "ssmax_nope", "stickbreaking", "path",
-    ],
-    "rotary": [
-        "rope", "hope", "irope", "p_rope", "randomized_rope", "resonance_rope",
-        "rope_nope_hybrid", "ssmax_rope", "xpos", "pope", "fope", "drope", "bipe",
-    ],
-    "rope at eval time": [
-        "rope+pi", "rope+ntk", "rope+dynamic_ntk", "rope+leaky_rerope", "rope+llama3",
-        "rope+logn", "rope+longrope", "rope+ntk_by_parts", "rope+rerope", "rope+self_extend",
-        "rope+yarn",
-    ],
-}  # fmt: skip
-
-
-def test_labels_drawn_together_differ_in_colour_and_all_in_colour_and_dash():
-    """Issue 41 found rope, p_rope and xpos in one colour, alibi and dape_alibi, t5 and
-    kerple_log, fire and sandwich (in a pale yellow), xl and stickbreaking, fox and shaw,
-    rope+pi and rope+yarn: each pair in one panel. With 47 labels, every panel's colours
-    differ, every (colour, dash) pair is used once, and no colour is paler than sky."""
-    families = {lab: family for family, labs in ZOO.items() for lab in labs}
-    labels = list(families)
-    style = figures.report_styles(labels, families)
-    assert len(labels) == 47
-    for family, members in ZOO.items():
-        colours = [style[lab].color for lab in members]
-        assert len(set(colours)) == len(colours), family
-    assert len({(s.color, s.linestyle) for s in style.values()}) == len(labels)
-    assert len({(s.color, s.marker) for s in style.values()}) == len(labels)
-    assert "#ece133" not in {s.color for s in style.values()}  # the pale yellow
-    for a, b in [("rope", "p_rope"), ("rope", "xpos"), ("alibi", "dape_alibi"), ("fox", "shaw")]:
-        assert style[a].color != style[b].color, (a, b)
-
-
-def test_a_labels_style_does_not_depend_on_the_labels_after_it():
-    families = {lab: family for family, labs in ZOO.items() for lab in labs}
-    labels = list(families)
-    whole, first = figures.styles(labels, families), figures.styles(labels[:20], families)
-    assert all(whole[lab] == first[lab] for lab in labels[:20])
-
-
 def test_a_long_legend_wraps_into_columns_inside_the_figure():
-    labels = [*figures.CLASSIC_LABELS, *(f"scheme{i}" for i in range(21))]
+    labels = [*CLASSIC_LABELS, *(f"scheme{i}" for i in range(21))]
     rows = [
         {"label": lab, "eval_len": length, "mean": 2.0 + i, "n": 1}
         for i, lab in enumerate(labels)
@@ -94,7 +27,7 @@ def test_a_long_legend_wraps_into_columns_inside_the_figure():
     ]
     stats = pd.DataFrame(rows).assign(ci_low=float("nan"), ci_high=float("nan"))
     with figures.theme():
-        fig = figures.length_figure(stats, figures.styles(labels), "ppl", train_len=16)
+        fig = figures.length_figure(stats, styles(labels), "ppl", train_len=16)
         renderer = FigureCanvasAgg(fig).get_renderer()
         fig.draw(renderer)
         texts = fig.legends[0].get_texts()
@@ -107,13 +40,13 @@ def test_a_long_legend_wraps_into_columns_inside_the_figure():
 def test_length_figure_has_a_line_per_label_and_bands_where_seeds():
     df = prepared(three_seeds())
     stats = aggregate.seed_stats(df, "ppl")
-    fig = figures.length_figure(stats, figures.styles(["rope", "alibi"]), "ppl", train_len=16)
+    fig = figures.length_figure(stats, styles(["rope", "alibi"]), "ppl", train_len=16)
     (ax,) = fig.axes
     lines = labelled_lines(ax)
     assert [line.get_label() for line in lines] == ["rope", "alibi"]
     alibi = stats[stats["label"] == "alibi"]
     assert list(lines[1].get_ydata()) == list(alibi["mean"])
-    assert lines[1].get_color() == figures.styles(["alibi"])["alibi"].color
+    assert lines[1].get_color() == styles(["alibi"])["alibi"].color
     assert len(ax.collections) == 1  # a CI band for alibi (3 seeds), none for rope (1 seed)
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["rope", "alibi"]
 
@@ -130,7 +63,7 @@ def test_thirty_labels_are_drawn_as_a_panel_per_family():
         for length in (16, 32)
     ]
     stats = pd.DataFrame(rows).assign(ci_low=float("nan"), ci_high=float("nan"))
-    fig = figures.length_figure(stats, figures.styles(labels), "ppl", 16, families=families)
+    fig = figures.length_figure(stats, styles(labels), "ppl", 16, families=families)
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert sorted(ax.get_title() for ax in panels) == sorted(set(families.values()))
     for ax in panels:
@@ -139,7 +72,7 @@ def test_thirty_labels_are_drawn_as_a_panel_per_family():
         landmarks = [t.get_text() for t in ax.texts if t.get_text() in figures.LANDMARKS]
         assert sorted(landmarks) == sorted(set(figures.LANDMARKS) - set(members))
     few = figures.length_figure(
-        stats[stats["label"].isin(labels[:5])], figures.styles(labels), "ppl", 16, families=families
+        stats[stats["label"].isin(labels[:5])], styles(labels), "ppl", 16, families=families
     )
     assert len(few.axes) == 1  # a handful of lines stay in one panel
 
@@ -159,7 +92,7 @@ def test_position_figure_has_a_panel_per_eval_length():
         for length in (16, 32, 64, 128)
         for p in (1, 2, 4)
     ]
-    fig = figures.position_figure(pd.DataFrame(rows), figures.styles(["rope", "alibi"]), 16)
+    fig = figures.position_figure(pd.DataFrame(rows), styles(["rope", "alibi"]), 16)
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert [ax.get_title() for ax in panels] == [
         f"windows of {n} tokens" for n in (16, 32, 64, 128)
@@ -174,7 +107,7 @@ def test_curve_figure_has_training_and_validation_panels():
         for split in ("train", "valid")
         for step in (10, 20)
     ]  # fmt: skip
-    fig = figures.curve_figure(pd.DataFrame(rows), figures.styles(["rope"]))
+    fig = figures.curve_figure(pd.DataFrame(rows), styles(["rope"]))
     assert [ax.get_title() for ax in fig.axes] == ["training loss", "validation loss"]
     assert all(len(labelled_lines(ax)) == 1 for ax in fig.axes)
 
@@ -191,7 +124,7 @@ def test_heatmap_annotates_every_cell():
 @pytest.mark.real_figures
 def test_saved_figures_are_valid_and_byte_stable(tmp_path):
     stats = aggregate.seed_stats(prepared(three_seeds()), "bpb")
-    style = figures.styles(["rope", "alibi"])
+    style = styles(["rope", "alibi"])
     with figures.theme():
         first = figures.save(figures.length_figure(stats, style, "bpb", 16), tmp_path / "a", "f")
         second = figures.save(figures.length_figure(stats, style, "bpb", 16), tmp_path / "b", "f")
@@ -211,7 +144,7 @@ def test_a_length_axis_labels_at_most_eight_lengths_from_the_first(n, labelled):
 
     lengths = [42 + 2 * i for i in range(n)]
     ax = Figure().subplots()
-    figures._log2_lengths(ax, lengths)
+    figures.log2_lengths(ax, lengths)
     labels = [t.get_text() for t in ax.get_xticklabels()]
     assert list(ax.get_xticks()) == lengths and len(labels) == n
     assert labels[0] == "42" and sum(bool(t) for t in labels) == labelled

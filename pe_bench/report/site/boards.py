@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from pe_bench.positions import scheme_family
-from pe_bench.report import aggregate, figures
+from pe_bench.report import aggregate
 from pe_bench.report.best import value_marks
 from pe_bench.report.metrics import spec
 from pe_bench.report.site import svg
 from pe_bench.report.site.html import Cell, Column, Row, data_json, e, table
 from pe_bench.report.site.papers import citation
+from pe_bench.report.styles import MAX_LINES, Style, report_styles
 
 KINDS = {"trained": "trained", "eval-time": "eval-time variant", "fine-tuned": "fine-tuned"}
 
@@ -211,8 +212,8 @@ def board_panels(board: Board, info: dict[str, Label], landmarks: tuple[str, ...
     under each; ``landmarks`` drawn faintly in the panels that lack them."""
     stats = board.stats[board.stats["n"] > 0]
     order = list(dict.fromkeys(stats["label"]))
-    style = figures.report_styles(list(info), {lab: info[lab].group for lab in info})
-    many = len(order) > figures.MAX_LINES
+    style = report_styles(list(info), {lab: info[lab].group for lab in info})
+    many = len(order) > MAX_LINES
     groups: dict[str, list[str]] = {}
     for lab in order:
         groups.setdefault(info[lab].group if many else board.title, []).append(lab)
@@ -243,9 +244,7 @@ def board_panels(board: Board, info: dict[str, Label], landmarks: tuple[str, ...
     return '<div class="panels">' + "\n".join(figures_html) + "</div>"
 
 
-def panel_figure(
-    name: str, picture: str, members: list[str], style: dict[str, figures.Style]
-) -> str:
+def panel_figure(name: str, picture: str, members: list[str], style: dict[str, Style]) -> str:
     """A curve panel as the site shows it: its caption, the ``<svg>`` and a legend under it
     (filtered and hovered by label, ``site.js``)."""
     legend = "".join(
@@ -260,7 +259,7 @@ def panel_figure(
 
 
 def series(
-    board: Board, stats: pd.DataFrame, lab: str, style: figures.Style, faint: bool = False
+    board: Board, stats: pd.DataFrame, lab: str, style: Style, faint: bool = False
 ) -> svg.Series:
     """A label's line: a point per length with a number, its hover text naming all."""
     points = []

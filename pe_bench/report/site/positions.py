@@ -9,10 +9,10 @@ import math
 
 import pandas as pd
 
-from pe_bench.report import figures
 from pe_bench.report.site import svg
 from pe_bench.report.site.boards import panel_figure
 from pe_bench.report.site.html import paragraph, section
+from pe_bench.report.styles import styles
 
 TEXT = (
     "The papers' perplexity protocol (documents truncated to the window, every position "
@@ -38,7 +38,7 @@ def position_section(bands: pd.DataFrame, train_len: int) -> str:
     if bands.empty:
         return ""
     order = list(dict.fromkeys(bands["label"]))
-    style = figures.styles(order)
+    style = styles(order)
     parts = []
     for length, cell in bands.groupby("eval_len", sort=True):
         lines = []

@@ -160,29 +160,84 @@ class StickBreaking(PositionScheme):
     """
 
     def attention_weights(self, logits: Tensor, allowed: Tensor) -> Tensor:
-        """In log space: with S_ij = sum_{j<=k<i} softplus(z_ik) (one reversed cumulative sum),
+        """In log space: with S_ij = sum_{j<=k<i} softplus(z_ik) (a reversed cumulative sum),
         ln A_ij = logsigmoid(z_ij) - S_{i,j+1} = z_ij - S_ij, and the remainder is exp(-S_i0).
 
-        Weights at most ``WEIGHT_FLOOR`` are 0, as the softmax's (``PositionScheme``): log
-        weights are raised to ln(tiny) + 1 before ``exp`` and the results at most the floor
-        then zeroed, so that no ``exp`` returns a subnormal and no product with v is one. Both
-        take slow paths on the CPU (1 thread, Xeon AVX512, [4, 64, 8192]: ``exp`` of -100
-        123 ms against 1.5; the product with v of weights of 3e-38 122 ms against 2.2), and
-        far keys' weights sit there: a query's stick is spent within a few hundred keys. The
-        sum, the log weights and the remainder are written in place, into tensors made here."""
+        Weights at most ``WEIGHT_FLOOR`` are 0, as the softmax's (``PositionScheme``), the
+        remainder's too: log weights are raised to ln(tiny) + 1 before ``exp`` and the results
+        at most the floor then zeroed, so that no ``exp`` returns a subnormal and no product
+        with v is one. Both take slow paths on the CPU (1 thread, Xeon AVX512, [4, 64, 8192]:
+        ``exp`` of -100 123 ms against 1.5; the product with v of weights of 3e-38 122 ms
+        against 2.2), and far keys' weights sit there: a query's stick is spent within a few
+        hundred keys. So the sum runs over blocks of ``KEY_BLOCK`` keys from the query back
+        (``_stick_blocks``) and stops once every query's S exceeds ``SPENT``: every earlier
+        key's weight is then below the floor, so 0, and the remainder too; those keys cost no
+        pass at all (at 8,192 tokens the weights of a window are one block or two, not 8,192
+        keys)."""
         s_q, s_k = allowed.shape
         # ``allowed`` hides keys in its last s_q columns only, unless the scheme hides more
         # (``attention_mask``): only they are masked (a ``where`` over every pair was a fifth
         # of the time at 8192 tokens)
-        masked = slice(0 if self.has_attention_mask else s_k - s_q, s_k)
-        before = allowed[:, masked].tril(s_k - s_q - 1 - masked.start)  # keys strictly before
-        spent = F.softplus(logits)  # -ln(1 - beta_ik)
-        spent[..., masked] = torch.where(before, spent[..., masked], 0.0)
-        from_j = spent.flip(-1).cumsum_(-1).flip(-1)  # S_ij = sum_{j <= k < i}
-        floor = math.log(torch.finfo(logits.dtype).tiny) + 1
-        weights = (logits - from_j).clamp_(min=floor).exp_()
-        weights = F.threshold(weights, WEIGHT_FLOOR, 0.0, inplace=not weights.requires_grad)
-        weights[..., masked] = torch.where(before, weights[..., masked], 0.0)
+        masked = 0 if self.has_attention_mask else s_k - s_q
+        blocks, weights, carry = _key_blocks(s_q, s_k), None, None
+        for start, end in blocks:
+            before = None
+            if end > masked:  # keys strictly before each query, among the block's
+                before = allowed[:, max(start, masked) : end]
+                before = before.tril(s_k - s_q - 1 - max(start, masked))
+            block, carry = _stick_block(logits[..., start:end], before, carry, end - start)
+            if len(blocks) == 1:
+                weights = block
+                break
+            if weights is None:
+                weights = logits.new_empty(logits.shape)  # each block written into it
+            weights[..., start:end] = block
+            if start > 0 and bool((carry > SPENT).all()):  # the rest weigh 0
+                weights[..., :start].zero_()
+                carry = None  # the remainder, exp(-S_i0) < exp(-SPENT), is 0 too
+                break
         # prod_{k < i} (1 - beta_ik) goes to the own key
-        weights.diagonal(s_k - s_q, dim1=-2, dim2=-1).copy_(from_j[..., 0].neg().exp_())
+        remainder = weights.diagonal(s_k - s_q, dim1=-2, dim2=-1)
+        if carry is None:
+            remainder.zero_()
+        else:
+            remainder.copy_(F.threshold(carry[..., 0].neg().exp(), WEIGHT_FLOOR, 0.0))
         return weights
+
+
+# Keys per block of stick-breaking's sum (past the queries' own, which the first block holds),
+# and the stick spent past which a key's weight, exp(logsigmoid(z) - S) <= exp(-S), is below
+# ``WEIGHT_FLOOR`` = exp(-69.08) with room for float32's rounding of S.
+KEY_BLOCK = 512
+SPENT = 70.0
+
+
+def _key_blocks(s_q: int, s_k: int) -> list[tuple[int, int]]:
+    """The (start, end) of each block of keys, the last first: the first block holds the s_q
+    keys of the queries themselves and up to ``KEY_BLOCK`` before them."""
+    first = max(0, s_k - s_q - KEY_BLOCK)
+    return [(first, s_k)] + [(max(0, e - KEY_BLOCK), e) for e in range(first, 0, -KEY_BLOCK)]
+
+
+def _stick_block(
+    logits: Tensor, before: Tensor | None, carry: Tensor | None, width: int
+) -> tuple[Tensor, Tensor]:
+    """One block's stick-breaking weights (below ``WEIGHT_FLOOR``: 0; masked keys and the own
+    key's column 0) and S at its first key, ``[..., s_q, 1]``, from its logits, which keys are
+    strictly before each query in its last ``before.shape[-1]`` columns (None: all), and S
+    just after its last key (``carry``; None: 0). The sum, the log weights and the weights are
+    written in place, into tensors made here."""
+    spent = F.softplus(logits)  # -ln(1 - beta_ik)
+    if before is not None:
+        tail = spent[..., width - before.shape[-1] :]
+        tail.copy_(torch.where(before, tail, 0.0))
+    from_j = spent.flip(-1).cumsum_(-1).flip(-1)  # S_ij = sum_{j <= k < i}, within the block
+    if carry is not None:
+        from_j = from_j.add_(carry)
+    floor = math.log(torch.finfo(logits.dtype).tiny) + 1
+    weights = (logits - from_j).clamp_(min=floor).exp_()
+    weights = F.threshold(weights, WEIGHT_FLOOR, 0.0, inplace=not weights.requires_grad)
+    if before is not None:
+        tail = weights[..., width - before.shape[-1] :]
+        tail.copy_(torch.where(before, tail, 0.0))
+    return weights, from_j[..., :1]

@@ -210,3 +210,29 @@ def test_stickbreaking_far_keys_weigh_zero_and_match_the_old_code(dims):
     leaf = logits.clone().requires_grad_()
     (sb.attention_weights(leaf, allowed) * torch.randn(1, 2, 8, s)).sum().backward()
     assert torch.isfinite(leaf.grad).all()
+
+
+@pytest.mark.parametrize(
+    ("shift", "s_q"),
+    [(-9.0, 8), (-2.3, 8), (0.0, 700), (-2.3, 700)],
+    ids=["never-spent", "spent-in-a-later-block", "queries-past-a-block", "both"],
+)
+def test_stickbreaking_blocks_of_keys_equal_one_sum_over_the_row(dims, shift, s_q):
+    """The sum by blocks of ``KEY_BLOCK`` keys, stopped once every stick is spent, gives the
+    code before it (one reversed cumulative sum over the whole row, no floor: old_paths)
+    within float tolerance: sticks never spent (every block summed, the remainder kept),
+    spent a few blocks back (about 0.1 a key), and more queries than a block holds."""
+    from pe_bench.positions.gates import KEY_BLOCK
+    from tests.model.old_paths import stickbreaking_weights
+
+    sb = build_scheme({"name": "stickbreaking"}, dims)
+    s = 4 * KEY_BLOCK + 100
+    generator = torch.Generator().manual_seed(1)
+    logits = shift + torch.randn(2, 2, s_q, s, generator=generator)
+    allowed = causal_allowed(s_q, s, logits.device)
+    got = sb.attention_weights(logits, allowed)
+    expected = stickbreaking_weights(sb, logits, allowed)
+    assert torch.allclose(got, expected, rtol=1e-5, atol=1e-30)
+    assert torch.allclose(got.sum(-1), torch.ones(2, 2, s_q), atol=1e-5)
+    if shift == -9.0:  # nothing spent: the remainder is most of every stick
+        assert (got.diagonal(s - s_q, dim1=-2, dim2=-1) > 0.1).all()

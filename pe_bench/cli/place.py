@@ -80,6 +80,17 @@ def committed_seeds(onto: Path) -> list[int]:
     return sorted({int(s) for s in records["seed"].dropna()})
 
 
+def check_not_committed(scheme: str, onto: Path, planned: list[str]) -> None:
+    """Refuse a placement whose runs ``onto`` already holds (``pe-bench-place alibi`` onto
+    results/quick retrained alibi, then its report found the same run twice)."""
+    held = set(load_records(onto)["run_id"]) & set(planned)
+    if held:
+        raise UserError(
+            f"{scheme} with these options is already in {onto} (run {min(held)}): its numbers "
+            f"are in {onto / 'report.md'}; place a scheme or --option that {onto} lacks"
+        )
+
+
 def scheme_overrides(
     scheme: str, options: list[str], plugin: str | None, searchpath: str | None = None
 ) -> list[str]:
@@ -162,7 +173,8 @@ def place(
         f"hydra.sweep.dir={out}",
         *([f"hydra.searchpath=[{searchpath}]"] if searchpath else []),
     ]
-    check_command(["-m", *command])
+    checked = check_command(["-m", *command])
+    check_not_committed(scheme, onto, [i for job in checked.plans for i in job.run_ids])
     copy_records(onto, out)
     log_placement(out, scheme, onto, options, plugin, searchpath)
     print(f"pe-bench-place: pe-bench -m {shlex.join(command)}", flush=True)

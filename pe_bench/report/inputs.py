@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -161,7 +162,7 @@ class Report:
         """Where the report's files are, absolute (a run's last lines), and the command that
         makes a site of the records under ``root`` (or the ``site`` written)."""
         folder = self.path.parent.resolve()
-        names = ", ".join(sorted(path.stem for path in self.figures.values()))
+        names = ", ".join(self.figure_names())
         lines = [
             f"report: {self.path.resolve()}",
             f"figures: {folder / 'figures'} ({names}; PNG and PDF)",
@@ -171,7 +172,15 @@ class Report:
             else f"site: pe-bench-report {shlex.quote(str(Path(root).resolve()))} --site "
             f"{shlex.quote(str(folder / 'site'))} writes it",
         ]
-        return "\n".join(lines if self.figures else [lines[0], *lines[2:]])
+        return "\n".join(lines if names else [lines[0], *lines[2:]])
+
+    def figure_names(self) -> list[str]:
+        """Every figure the report drew: its own, the probes' and those its passkey, RULER and
+        RoPE-base sections embed (a SmolLM2 report's passkey heatmap was left unnamed)."""
+        drawn = [*self.figures.values(), *(self.context.figures.values() if self.context else [])]
+        embedded = "\n".join([*self.passkey, *self.ruler, *self.rope_base])
+        found = re.findall(r"\]\(figures/([^)/]+)\.png\)", embedded)
+        return sorted({path.stem for path in drawn} | set(found))
 
 
 def load_rows(root: Path, name: str) -> pd.DataFrame:

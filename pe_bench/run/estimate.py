@@ -89,9 +89,9 @@ def sweep_estimate(plans: Sequence[Plan]) -> str:
     if not steps:
         return f"{len(plans)} jobs; no training step could be measured"
     return (
-        f"{len(plans)} jobs, about {duration(total)} of training on {device_name(device)} "
-        f"(measured {min(steps):.3g} to {max(steps):.3g} s a step; evaluation and the report "
-        "come on top, a job whose records are there takes seconds); the time follows "
+        f"{len(plans)} jobs, about {duration(total)} of training on {device_name(device)}, "
+        f"measured at {min(steps):.3g} to {max(steps):.3g} s a step (evaluation and the report "
+        "come on top; a job whose records are there takes seconds); the time follows "
         "train.steps x batch_size x seq_len, the model's size, and this machine's matmul "
         "speed and threads"
     )

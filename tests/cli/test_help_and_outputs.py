@@ -79,3 +79,20 @@ def test_a_report_names_its_files_absolute_and_how_to_make_a_site(tmp_path, caps
     assert f"site: pe-bench-report {runs} --site {runs / 'site'} writes it" in out
     report.main(["runs", "--site", "site"])
     assert f"site: {tmp_path / 'site' / 'index.html'}" in capsys.readouterr().out.splitlines()
+
+
+def test_the_figures_line_names_the_sections_figures_too(tmp_path):
+    """A SmolLM2 report drew a passkey heatmap the last lines did not name: the probes' and
+    the passkey, RULER and RoPE-base sections' figures are named with the report's own."""
+    from pe_bench.report.inputs import Options, Report
+    from pe_bench.report.probes import ContextUse
+
+    figures = tmp_path / "figures"
+    done = Report(tmp_path / "report.md", Options(), figures={"length": figures / "ppl.png"})
+    done.context = ContextUse(train_len=16, figures={"retrieval": figures / "retrieval.png"})
+    done.passkey = ["## Passkey retrieval", "![Passkey by depth](figures/passkey.png)"]
+    done.ruler = ["![RULER NIAH recall by depth and length](figures/ruler.png)"]
+    lines = done.where(tmp_path).splitlines()
+    assert f"figures: {figures} (passkey, ppl, retrieval, ruler; PNG and PDF)" in lines
+    done.figures, done.context, done.passkey, done.ruler = {}, None, [], []
+    assert not any(line.startswith("figures:") for line in done.where(tmp_path).splitlines())

@@ -118,6 +118,18 @@ def test_a_bad_option_is_refused_before_anything_is_written(tmp_path, monkeypatc
     assert not out.exists() and not ran
 
 
+def test_a_scheme_the_committed_sweep_holds_is_refused_before_anything_is_written(tmp_path):
+    """``pe-bench-place alibi`` onto results/quick trained alibi's seed 0 again for minutes,
+    into another folder, and then the report refused the same run stored twice."""
+    out = tmp_path / "out"
+    onto = ROOT / "results" / "quick"
+    with pytest.raises(UserError) as refused:
+        place.place("alibi", onto, out, [])
+    assert str(refused.value).startswith(f"alibi with these options is already in {onto} (run ")
+    assert f"its numbers are in {onto / 'report.md'}" in str(refused.value)
+    assert not out.exists()
+
+
 class Exited:
     """What ``subprocess.run`` returns, as far as ``place`` reads it."""
 

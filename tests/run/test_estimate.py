@@ -26,6 +26,10 @@ def test_the_estimate_is_steps_times_the_measured_step_and_says_what_it_depends_
     line = estimate.sweep_estimate([*plans, plans[0]])  # a second seed: measured once
     assert timed == [("rope", 16), ("alibi", 16)]
     assert line.startswith("3 jobs, about 4 s of training on cpu (")  # 3 x 3 steps x 0.5 s
+    # the machine's own parentheses, then the measurement after a comma (issue 41 found the
+    # cost note's "cpu (x86_64, 2 threads) (device cpu ...": one pair after another)
+    assert re.search(r" threads?\), measured at 0\.5 to 0\.5 s a step \(evaluation", line), line
+    assert ") (" not in line
     assert re.search(r"train.steps x batch_size x seq_len, the model's size, and this", line)
 
 

@@ -418,7 +418,10 @@ def test_a_plugin_failure_trial_names_the_job_and_keeps_the_others(tmp_path):
         sys.path.pop(0)
     summary = kill_anywhere.run_trials(tmp_path, trials=0, seed=2, plugin=True)
     assert summary.mismatches == [], summary.mismatches
-    assert [t.kind for t in summary.trials] == ["plugin failure"]
+    (plugin,) = summary.trials
+    assert plugin.kind == "plugin failure" and plugin.kills == []  # nothing was killed
+    assert "train_raises" in plugin.failed_job
+    assert "(0 kills;" in kill_anywhere.markdown(summary, seed=2, elapsed=0.0)
 
 
 def test_a_checkpoint_of_other_code_or_from_before_the_key_starts_afresh(tmp_path):

@@ -11,7 +11,8 @@ code that made it (its ``git_sha``) computes what today's code computes:
    run hash is the record's, checked) and, for a variant's record, ``eval.variants.<key>``
    there, whose hash must be the record's ``variant_hash`` (of the config alone, or of the
    config and the old file hash, ``positions.source_hash`` at that commit, checked there).
-2. For each commit the records name, that commit's ``pe_bench`` (``git archive``) computes
+2. For each commit the records name, that commit's ``pe_bench`` (``git archive``; the worker,
+   ``experiments/migrate_worker.py``, runs in an interpreter that imports it) computes
    the ``numbers`` part of the key (``pe_bench.positions.fingerprint``: the scheme's hooks on a
    fixed probe, loaded from today's tree into the old one) for every scheme config its records
    used, trained schemes, variants and fine-tunes' schemes alike; and the same from today's
@@ -24,9 +25,9 @@ code that made it (its ``git_sha``) computes what today's code computes:
    cannot have computed the old numbers, since the unchanged code that did cannot name it;
    one removed since was named by none of it either. A module added since is not imported
    by the unchanged code; in a module the old commit had, an added top-level statement, a
-   decorated definition (but ``PURE_DECORATORS``) or an assignment that calls something may
-   act on import: they are differences. Log lines are compared out, and so is a loop counter
-   that only they read (``_proof_source``).
+   decorated definition (but ``migrate_worker.PURE_DECORATORS``) or an assignment that calls
+   something may act on import: they are differences. Log lines are compared out, and so is
+   a loop counter that only they read (``migrate_worker._proof_source``).
 
 A record whose code computed other numbers keeps what it has and is listed: the next run
 recomputes it. Rerunning the script changes nothing (records already under today's key are
@@ -38,10 +39,7 @@ left as they are). ``--check`` says what it would do and writes nothing.
 from __future__ import annotations
 
 import argparse
-import ast
 import collections
-import importlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -55,156 +53,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = "examples/my_pe"  # where committed plugin runs found their plugin (commands.txt)
 ARCHIVED = ("pe_bench", "conf", "examples")  # what an old commit's tree needs
-
-
-# ---- the worker: runs in a tree's own interpreter path (today's or an old commit's) ---------
-
-
-def _fingerprint_module() -> Any:
-    """``pe_bench.positions.fingerprint``: the tree's own, or today's loaded into an old tree
-    (its imports, ``pe_bench.positions.base``, are then the old tree's)."""
-    try:
-        return importlib.import_module("pe_bench.positions.fingerprint")
-    except ImportError:
-        name = "pe_bench.positions.fingerprint"
-        spec = importlib.util.spec_from_file_location(
-            name, ROOT / "pe_bench" / "positions" / "fingerprint.py"
-        )
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        return module
-
-
-def _key_module() -> Any:
-    """``pe_bench.pretrained.key`` from today's tree (it imports only the fingerprint)."""
-    _fingerprint_module()
-    spec = importlib.util.spec_from_file_location(
-        "pe_bench_key", ROOT / "pe_bench" / "pretrained" / "key.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def worker(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What this tree computes for each item: a scheme's key parts (with each class's
-    normalised source, and the old file hash where the tree has one), or the pretrained
-    code's key (with each function's)."""
-    import torch
-
-    torch.set_num_threads(1)
-    fingerprint = _fingerprint_module()
-    positions = importlib.import_module("pe_bench.positions")
-    out: list[dict[str, Any]] = [{"tree": str(Path(positions.__file__).parents[2])}]
-    for item in items:
-        try:
-            if item["kind"] == "hf_code":
-                out.append(_hf_code())
-                continue
-            if item.get("plugin"):
-                importlib.import_module(item["plugin"])
-            cls = positions.scheme_class(item["name"])
-            dims = positions.ModelDims(**item["dims"]) if item.get("dims") else None
-            parts = fingerprint.key_parts(cls, item["options"], dims)
-            base = fingerprint._position_scheme(cls)
-            classes = [c for c in cls.__mro__ if c not in set(base.__mro__)]
-            parts["classes"] = {
-                c.__qualname__: fingerprint._sha(fingerprint.normalised_source(c)) for c in classes
-            }
-            source_hash = getattr(positions, "source_hash", None)
-            parts["source_hash"] = source_hash(cls) if source_hash else None
-            out.append(parts)
-        except Exception as err:  # an old tree that cannot build it: the numbers are unknown
-            out.append({"error": f"{type(err).__name__}: {err}"})
-    return out
-
-
-def _hf_code() -> dict[str, Any]:
-    """The pretrained code's definitions in this tree's ``pe_bench/pretrained`` (today's
-    ``key.definitions``): the key, each ``module.name``'s digest after the equivalences a
-    proof may use (``_proof_source``), the modules, and the names whose definition is inert
-    (``_inert``)."""
-    key = _key_module()
-    package = Path(importlib.import_module("pe_bench").__file__).parent / "pretrained"
-    paths = sorted(package.rglob("*.py")) if package.is_dir() else []
-    paths = [p for p in paths if p.relative_to(package).as_posix() not in key.PIPELINE]
-    found: dict[str, list[str]] = {}
-    inert = []
-    for path in paths:
-        module = ".".join(path.relative_to(package).with_suffix("").parts)
-        source = path.read_text(encoding="utf-8")
-        for name, tree in key.module_definitions(_proof_source(source, key)):
-            found.setdefault(f"{module}.{name}", []).append(tree)
-        for node in ast.parse(source).body:
-            names = key.defined_names(node) if _inert(node) else []
-            inert += [f"{module}.{name}" for name in names]
-    found = {name: sorted(trees) for name, trees in found.items()}
-    return {
-        "key": key.pretrained_key(package) if package.is_dir() else None,
-        "each": {name: key.code_key({name: trees}) for name, trees in found.items()},
-        "inert": sorted(set(inert)),
-        "modules": sorted({name.split(".")[0] for name in found}),
-    }
-
-
-PURE_DECORATORS = ("dataclass", "cache", "lru_cache", "staticmethod", "classmethod", "property")
-
-
-def _inert(node: ast.stmt) -> bool:
-    """A definition that does nothing on import: a function or class decorated by nothing
-    but ``PURE_DECORATORS`` (``dataclass(frozen=True)`` too), or an assignment that calls
-    nothing."""
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return all(_decorator_name(d) in PURE_DECORATORS for d in node.decorator_list)
-    if isinstance(node, (ast.Assign, ast.AnnAssign)):
-        return not any(isinstance(n, ast.Call) for n in ast.walk(node))
-    return False
-
-
-def _decorator_name(node: ast.expr) -> str:
-    """``dataclass`` of ``@dataclass``, ``@dataclasses.dataclass(frozen=True)``, ..."""
-    node = node.func if isinstance(node, ast.Call) else node
-    return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
-
-
-def _proof_source(source: str, key: Any) -> str:
-    """``source`` without log lines anywhere, and with a loop counter that only they read
-    dropped: ``for i, x in enumerate(xs)`` is ``for x in xs`` (the same items in the same
-    order; 1199a25 numbered the passkey trials for a log line)."""
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        for field in ("body", "orelse", "finalbody"):
-            body = getattr(node, field, None)
-            if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
-                kept = [stmt for stmt in body if not key.unkeyed_statement(stmt)]
-                setattr(node, field, kept or ([ast.Pass()] if field == "body" else []))
-    for node in ast.walk(tree):
-        if isinstance(node, ast.For) and _unread_counter(node):
-            node.target, node.iter = node.target.elts[1], node.iter.args[0]
-    return ast.unparse(tree)
-
-
-def _unread_counter(loop: ast.For) -> bool:
-    """Whether ``loop`` is ``for i, x in enumerate(xs[, start])`` with ``i`` read nowhere."""
-    call, target = loop.iter, loop.target
-    if not (
-        isinstance(call, ast.Call)
-        and isinstance(call.func, ast.Name)
-        and call.func.id == "enumerate"
-        and 1 <= len(call.args) <= 2
-        and not call.keywords
-        and isinstance(target, ast.Tuple)
-        and len(target.elts) == 2
-        and isinstance(target.elts[0], ast.Name)
-    ):
-        return False
-    counter = target.elts[0].id
-    body = [*loop.body, *loop.orelse]
-    return not any(isinstance(n, ast.Name) and n.id == counter for s in body for n in ast.walk(s))
-
-
-# ---- the migration ----------------------------------------------------------------------------
+WORKER = Path(__file__).with_name("migrate_worker.py")  # what a tree computes (its docstring)
 
 
 def tree(sha: str, scratch: Path) -> Path:
@@ -233,11 +82,12 @@ def tree(sha: str, scratch: Path) -> Path:
 
 
 def run_worker(root: Path, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``worker(items)`` in a fresh interpreter that imports ``root``'s pe_bench."""
+    """``migrate_worker.worker(items)`` in a fresh interpreter that imports ``root``'s
+    pe_bench."""
     env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root / PLUGINS}"}
     env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.run(
-        [sys.executable, __file__, "--worker"],
+        [sys.executable, str(WORKER)],
         input=json.dumps(items),
         capture_output=True,
         text=True,
@@ -407,11 +257,30 @@ def compare(old: dict[str, Any], new: dict[str, Any]) -> tuple[bool, str]:
 
 def migrate(results: Path, check: bool) -> int:
     """Migrate every job folder under ``results``; returns how many records were not."""
-    from pe_bench.config import config_hash
     from pe_bench.files import write_jsonl
-    from pe_bench.records import POSITIONS, RECORD_KEY, RECORDS, record_key
+    from pe_bench.records import POSITIONS, RECORDS
 
     folders = [Folder(p.parent) for p in sorted(results.glob("**/records.jsonl"))]
+    verdicts, then = judge(folders)
+    not_migrated = 0
+    for folder in folders:
+        counts = migrate_folder(folder, verdicts, then)
+        not_migrated += sum(n for what, n in counts.items() if what.startswith("not migrated"))
+        print(f"{folder.path}: " + "; ".join(f"{n} {what}" for what, n in sorted(counts.items())))
+        if counts["migrated"] and not check:
+            if folder.positions:
+                write_jsonl(folder.path / POSITIONS, folder.positions)
+            write_jsonl(folder.path / RECORDS, folder.records)
+    return not_migrated
+
+
+Verdicts = dict[tuple[str, str], tuple[bool, str]]  # (commit, item id) -> (same, what differs)
+Computed = dict[tuple[str, str], dict[str, Any]]  # (commit, item id) -> what its tree computes
+
+
+def judge(folders: list[Folder]) -> tuple[Verdicts, Computed]:
+    """Whether each commit's code computes today's numbers for each piece of code its records
+    depend on (printed as a table), and what each commit's tree computed."""
     needed: dict[str, dict[str, dict[str, Any]]] = collections.defaultdict(dict)
     for folder in folders:
         for record in folder.records:
@@ -421,72 +290,68 @@ def migrate(results: Path, check: bool) -> int:
     with tempfile.TemporaryDirectory(prefix="pe-bench-keys-") as scratch:
         every = {k: v for items in needed.values() for k, v in items.items()}
         today = dict(zip(every, run_worker(ROOT, list(every.values())), strict=True))
-        then: dict[tuple[str, str], dict[str, Any]] = {}
+        then: Computed = {}
         for sha, items in sorted(needed.items()):
             computed = run_worker(tree(sha, Path(scratch)), list(items.values()))
             then |= {(sha, k): v for k, v in zip(items, computed, strict=True)}
 
-    verdicts: dict[tuple[str, str], tuple[bool, str]] = {}
+    verdicts: Verdicts = {}
     for (sha, item_id), old in then.items():
         verdicts[(sha, item_id)] = compare(old, today[item_id])
     print("Code that made the committed records, against today's (per commit):")
     for (sha, item_id), (same, note) in sorted(verdicts.items()):
         label = _label(json.loads(item_id))
         print(f"  {sha[:8]} {label:45s} {'same numbers' if same else 'DIFFERENT'} {note}")
+    return verdicts, then
 
-    not_migrated = 0
-    for folder in folders:
-        counts: collections.Counter[str] = collections.Counter()
-        renamed: dict[tuple, str] = {}  # old record key -> today's variant_hash
-        for record in folder.records:
-            today_hash, today_variant = folder.variants.get(record["variant"], (None, None))
-            current = record.get("pe_source") == folder.pe_source and (
-                record["variant"] == "none"
-                or (
-                    record.get("variant_source") == today_variant
-                    and record["variant_hash"] == today_hash
-                )
+
+def migrate_folder(folder: Folder, verdicts: Verdicts, then: Computed) -> collections.Counter[str]:
+    """Give ``folder``'s records (and its position rows) today's key where their code computes
+    today's numbers, in memory; returns how many records fared how."""
+    from pe_bench.config import config_hash
+    from pe_bench.records import RECORD_KEY, record_key
+
+    counts: collections.Counter[str] = collections.Counter()
+    renamed: dict[tuple, str] = {}  # old record key -> today's variant_hash
+    for record in folder.records:
+        today_hash, today_variant = folder.variants.get(record["variant"], (None, None))
+        current = record.get("pe_source") == folder.pe_source and (
+            record["variant"] == "none"
+            or (
+                record.get("variant_source") == today_variant
+                and record["variant_hash"] == today_hash
             )
-            if current:
-                counts["already under today's key"] += 1
-                continue
-            why = _why_not(folder, record, verdicts, then, config_hash)
-            if why:
-                counts[f"not migrated: {why}"] += 1
-                not_migrated += 1
-                continue
-            old_key = record_key(record)
-            _set_after(record, "pe_source", folder.pe_source, "config_hash")
-            if (
-                folder.caveat is not None
-                and record["variant"] == "none"
-                and "finetune" not in record
-            ):
-                record.pop("caveat", None)
-                if folder.caveat:
-                    record["caveat"] = folder.caveat
-            if record["variant"] != "none":
-                record["variant_hash"] = today_hash
-                _set_after(record, "variant_source", today_variant, "tokens")
-                renamed[old_key] = today_hash
-            counts["migrated"] += 1
-        for row in folder.positions:
-            old_key = (row.get("run_id"), *(row.get(f) for f in RECORD_KEY))
-            if old_key in renamed:
-                row["variant_hash"] = renamed[old_key]
-        print(f"{folder.path}: " + "; ".join(f"{n} {what}" for what, n in sorted(counts.items())))
-        if counts["migrated"] and not check:
-            if folder.positions:
-                write_jsonl(folder.path / POSITIONS, folder.positions)
-            write_jsonl(folder.path / RECORDS, folder.records)
-    return not_migrated
+        )
+        if current:
+            counts["already under today's key"] += 1
+            continue
+        why = _why_not(folder, record, verdicts, then, config_hash)
+        if why:
+            counts[f"not migrated: {why}"] += 1
+            continue
+        old_key = record_key(record)
+        _set_after(record, "pe_source", folder.pe_source, "config_hash")
+        if folder.caveat is not None and record["variant"] == "none" and "finetune" not in record:
+            record.pop("caveat", None)
+            if folder.caveat:
+                record["caveat"] = folder.caveat
+        if record["variant"] != "none":
+            record["variant_hash"] = today_hash
+            _set_after(record, "variant_source", today_variant, "tokens")
+            renamed[old_key] = today_hash
+        counts["migrated"] += 1
+    for row in folder.positions:
+        old_key = (row.get("run_id"), *(row.get(f) for f in RECORD_KEY))
+        if old_key in renamed:
+            row["variant_hash"] = renamed[old_key]
+    return counts
 
 
 def _why_not(
     folder: Folder,
     record: dict[str, Any],
-    verdicts: dict[tuple[str, str], tuple[bool, str]],
-    then: dict[tuple[str, str], dict[str, Any]],
+    verdicts: Verdicts,
+    then: Computed,
     config_hash: Any,
 ) -> str:
     """Why the record cannot get today's key ("" if it can)."""
@@ -523,11 +388,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=ROOT / "results")
     parser.add_argument("--check", action="store_true", help="say what would change; write nothing")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        print(json.dumps(worker(json.loads(sys.stdin.read()))))
-        return
     sys.path.insert(0, str(ROOT / PLUGINS))  # the committed plugin runs' my_pe
     left = migrate(args.results, args.check)
     print(f"{left} records left without today's key (the next run recomputes them)")

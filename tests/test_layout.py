@@ -1,8 +1,9 @@
 """The package's shape, held by tests: imports only go down the floors docs/layout.md draws
 (no circle, none hidden in a function or behind ``TYPE_CHECKING``), no module a newcomer cannot
-read whole, the entry points in ``cli/`` with ``pe-bench`` the thin wrapper its docstring says
-it is, Hydra's internals and the config resolvers each in one module, and ``tests/`` laid out
-as the package is."""
+read whole (the scripts of experiments/ and examples/ too, with no import circle among them),
+the entry points in ``cli/`` with ``pe-bench`` the thin wrapper its docstring says it is,
+Hydra's internals and the config resolvers each in one module, and ``tests/`` laid out as the
+package is."""
 
 from __future__ import annotations
 
@@ -55,6 +56,13 @@ def module_name(path: Path) -> str:
 
 
 MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+# The scripts beside the package (experiments/, examples/): short like its modules, and no
+# import circle among them (a script imports a sibling by its bare name, from its folder).
+SCRIPTS = {
+    p.relative_to(ROOT).as_posix(): p
+    for folder in ("experiments", "examples")
+    for p in sorted((ROOT / folder).rglob("*.py"))
+}
 
 
 def imported_modules(name: str) -> set[str]:
@@ -103,9 +111,28 @@ def test_no_import_circle():
     assert find_cycle(graph) == []
 
 
-@pytest.mark.parametrize("name", sorted(MODULES))
+def sibling_imports(path: Path) -> set[str]:
+    """The scripts of ``path``'s folder that the script ``path`` imports (by bare name)."""
+    siblings = {p.stem for p in path.parent.glob("*.py")} - {path.stem}
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in siblings}
+        elif isinstance(node, ast.ImportFrom) and node.module in siblings and not node.level:
+            found.add(node.module)
+    return {(path.parent / f"{name}.py").relative_to(ROOT).as_posix() for name in found}
+
+
+def test_no_import_circle_among_the_scripts():
+    """experiments/kill_anywhere.py imports kill_together.py, which must not import it back."""
+    graph = {name: sibling_imports(path) for name, path in SCRIPTS.items()}
+    assert "experiments/kill_together.py" in graph["experiments/kill_anywhere.py"]
+    assert find_cycle(graph) == []
+
+
+@pytest.mark.parametrize("name", [*sorted(MODULES), *sorted(SCRIPTS)])
 def test_modules_and_functions_are_short(name):
-    text = MODULES[name].read_text()
+    text = {**MODULES, **SCRIPTS}[name].read_text()
     assert len(text.splitlines()) <= MAX_MODULE_LINES, f"{name} is over {MAX_MODULE_LINES} lines"
     long = [
         f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
@@ -116,9 +143,9 @@ def test_modules_and_functions_are_short(name):
     assert not long, f"{name}: functions over {MAX_FUNCTION_LINES} lines: {', '.join(long)}"
 
 
-@pytest.mark.parametrize("name", sorted(MODULES))
+@pytest.mark.parametrize("name", [*sorted(MODULES), *sorted(SCRIPTS)])
 def test_a_module_near_the_cap_says_why(name):
-    text = MODULES[name].read_text()
+    text = {**MODULES, **SCRIPTS}[name].read_text()
     if len(text.splitlines()) > NEAR_CAP:
         doc = ast.get_docstring(ast.parse(text)) or ""
         assert re.search(r"(?m)^One module:", doc), (

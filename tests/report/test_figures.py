@@ -51,9 +51,8 @@ def test_length_figure_has_a_line_per_label_and_bands_where_seeds():
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["rope", "alibi"]
 
 
-def test_thirty_labels_are_drawn_as_a_panel_per_family():
-    """The zoo's 30+ lines in one panel were unreadable: past MAX_LINES, one panel per family,
-    each with its own legend, and nope/rope/alibi drawn faintly where they are not members."""
+def thirty_labels() -> tuple[list[str], dict[str, str], pd.DataFrame]:
+    """33 labels in 6 families (nope, rope and alibi alone in theirs) and their stats."""
     labels = ["nope", "rope", "alibi", *(f"scheme{i}" for i in range(30))]
     families = {lab: f"family{i % 3}" for i, lab in enumerate(labels)}
     families |= {"nope": "absolute", "rope": "rotary", "alibi": "bias"}
@@ -62,7 +61,13 @@ def test_thirty_labels_are_drawn_as_a_panel_per_family():
         for i, lab in enumerate(labels)
         for length in (16, 32)
     ]
-    stats = pd.DataFrame(rows).assign(ci_low=float("nan"), ci_high=float("nan"))
+    return labels, families, pd.DataFrame(rows).assign(ci_low=float("nan"), ci_high=float("nan"))
+
+
+def test_thirty_labels_are_drawn_as_a_panel_per_family():
+    """The zoo's 30+ lines in one panel were unreadable: past MAX_LINES, one panel per family,
+    each with its own legend, and nope/rope/alibi drawn faintly where they are not members."""
+    labels, families, stats = thirty_labels()
     fig = figures.length_figure(stats, styles(labels), "ppl", 16, families=families)
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert sorted(ax.get_title() for ax in panels) == sorted(set(families.values()))
@@ -75,6 +80,21 @@ def test_thirty_labels_are_drawn_as_a_panel_per_family():
         stats[stats["label"].isin(labels[:5])], styles(labels), "ppl", 16, families=families
     )
     assert len(few.axes) == 1  # a handful of lines stay in one panel
+
+
+@pytest.mark.slow  # draws six panels
+def test_a_family_panels_legend_lies_beside_it_clear_of_the_training_length():
+    """Issue 41: results/zoo's legends inside the axes covered the training-length label."""
+    labels, families, stats = thirty_labels()
+    fig = figures.length_figure(stats, styles(labels), "ppl", 16, families=families)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    for ax in [ax for ax in fig.axes if ax.get_visible()]:
+        frame = ax.get_window_extent(renderer)
+        assert not ax.get_legend().get_window_extent(renderer).overlaps(frame), ax.get_title()
+        (mark,) = [t for t in ax.texts if t.get_text() == "training length"]
+        box = mark.get_window_extent(renderer)
+        assert frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1)
 
 
 def test_scheme_families_come_from_the_classes():

@@ -53,8 +53,9 @@ def test_blocks_of_keys_equal_one_sum_over_the_row(dims, scale, s_q):
     """The gates summed by blocks of ``KEY_BLOCK`` keys, stopped once every query's position
     reaches the cap (``npos_max`` - 1), give the code before it (one reversed cumulative sum
     over the whole row, tests/model/old_paths.py) within float tolerance, at every key the
-    queries see: positions capped early (gates near 1/2), never capped (gates near
-    sigmoid(-5.3) = 0.005 at every key: the whole row summed, to about 8), and more queries than a block."""
+    queries see: positions capped early (gates near 1/2), never capped (gates of
+    sigmoid(-5.3) = 0.005 at every key: the whole row summed, to about 8), and more queries
+    than a block."""
     from pe_bench.positions.base import KEY_BLOCK
     from tests.model.old_paths import cope_bias
 

@@ -32,6 +32,18 @@ from pe_bench.errors import UserError
 # weights sit there at long windows: a softmax under a distance penalty, a spent stick.
 WEIGHT_FLOOR = 1e-30
 
+# Keys per block where a scheme sums along a row from the query back (stick-breaking's spent
+# stick, CoPE's gates) and stops once the sum decides every earlier key (``key_blocks``).
+KEY_BLOCK = 512
+
+
+def key_blocks(s_q: int, s_k: int) -> list[tuple[int, int]]:
+    """The (start, end) of each block of keys of the last s_q queries, the last block first:
+    the first holds the queries' own s_q keys and up to ``KEY_BLOCK`` before them."""
+    first = max(0, s_k - s_q - KEY_BLOCK)
+    return [(first, s_k)] + [(max(0, e - KEY_BLOCK), e) for e in range(first, 0, -KEY_BLOCK)]
+
+
 # FlexAttention's score_mod: (score, batch, head, q_idx, kv_idx) -> score, on index tensors.
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from pe_bench.config import Range
 from pe_bench.errors import UserError
-from pe_bench.positions.base import ModelDims, PositionScheme, register
+from pe_bench.positions.base import ModelDims, PositionScheme, key_blocks, register
 
 
 @register("cope")
@@ -55,22 +55,43 @@ class CoPE(PositionScheme):
         return torch.sigmoid(logits) * allowed
 
     def score_bias(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int) -> Tensor:
-        """The gates against the keys in reverse order, so that p_ij = sum_{t=j..i} g_it is
-        one plain cumulative sum (future keys: logit -inf, gate 0), then one ``gather`` of
-        (q . e[n], q . e[n + 1] - q . e[n]) pairs at n = floor(p) interpolates the logits."""
-        s_q = q.shape[-2]
-        q = q.float() / math.sqrt(self.dims.head_dim)
-        logits = q @ k.float().flip(-2).transpose(-2, -1)  # [b, n_h, s_q, s_k]: key s_k-1-m at m
-        # the future keys of the last s_q queries: the first s_q columns of the reversed keys
-        allowed = torch.ones(s_q, s_q, dtype=torch.bool, device=q.device).tril().flip(-1)
-        logits[..., :s_q].masked_fill_(~allowed, float("-inf"))
-        pos = torch.sigmoid(logits).cumsum(-1).clamp(max=self.npos_max - 1).flip(-1)
+        """The gates summed from the query back by blocks of keys (``key_blocks``): in each,
+        one reversed cumulative sum (future keys: logit -inf, gate 0) carried on from the
+        block after it, then one ``gather`` of (q . e[n], q . e[n + 1] - q . e[n]) pairs at
+        n = floor(p) interpolates the logits. Once every query's sum reaches npos_max - 1 at
+        a block's first key, every earlier key's p is clamped there and its term is
+        q . e[npos_max - 1]: filled in, with no gate computed (the gates of the zoo's model
+        sum to 64 within about 130 keys, so at 8,192 tokens a chunk of queries sums one
+        block or two, not 8,192 keys)."""
+        s_q, s_k = q.shape[-2], k.shape[-2]
+        top = self.npos_max - 1
+        q, k = q.float() / math.sqrt(self.dims.head_dim), k.float()
         at_int = q @ self.pos_emb[layer].float()  # [b, n_h, s_q, npos_max]: q_i . e[n]
         step = F.pad(at_int[..., 1:] - at_int[..., :-1], (0, 1))  # q_i . (e[n + 1] - e[n])
         pairs = torch.view_as_complex(torch.stack([at_int, step], dim=-1))
-        lower = pos.long()  # floor: p >= 0
-        at_lower, slope = torch.view_as_real(pairs.gather(-1, lower)).unbind(-1)
-        return at_lower + pos.frac() * slope
+        # the future keys of the last s_q queries: the last s_q columns of the first block
+        allowed = torch.ones(s_q, s_q, dtype=torch.bool, device=q.device).tril()
+        blocks, bias, carry = key_blocks(s_q, s_k), None, None
+        for start, end in blocks:
+            logits = q @ k[..., start:end, :].transpose(-2, -1)  # [b, n_h, s_q, block]
+            if end == s_k:
+                logits[..., end - start - s_q :].masked_fill_(~allowed, float("-inf"))
+            pos = torch.sigmoid(logits).flip(-1).cumsum_(-1).flip(-1)  # sum_{t=j..end-1} g_it
+            if carry is not None:
+                pos = pos.add_(carry)
+            carry, pos = pos[..., :1], pos.clamp(max=top)
+            lower = pos.long()  # floor: p >= 0
+            at_lower, slope = torch.view_as_real(pairs.gather(-1, lower)).unbind(-1)
+            block = at_lower + pos.frac() * slope
+            if len(blocks) == 1:
+                return block
+            if bias is None:
+                bias = at_int.new_empty(*at_int.shape[:-1], s_k)  # each block written into it
+            bias[..., start:end] = block
+            if start > 0 and bool((carry >= top).all()):  # every earlier p is clamped at top
+                bias[..., :start] = at_int[..., top : top + 1]
+                break
+        return bias
 
     def score_bias_reference(
         self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, layer: int

@@ -11,7 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pe_bench.positions.base import WEIGHT_FLOOR, ModelDims, PositionScheme, register
+from pe_bench.positions.base import (
+    WEIGHT_FLOOR,
+    ModelDims,
+    PositionScheme,
+    key_blocks,
+    register,
+)
 
 
 @register("fox")
@@ -169,8 +175,8 @@ class StickBreaking(PositionScheme):
         with v is one. Both take slow paths on the CPU (1 thread, Xeon AVX512, [4, 64, 8192]:
         ``exp`` of -100 123 ms against 1.5; the product with v of weights of 3e-38 122 ms
         against 2.2), and far keys' weights sit there: a query's stick is spent within a few
-        hundred keys. So the sum runs over blocks of ``KEY_BLOCK`` keys from the query back
-        (``_stick_blocks``) and stops once every query's S exceeds ``SPENT``: every earlier
+        hundred keys. So the sum runs over blocks of keys from the query back
+        (``key_blocks``) and stops once every query's S exceeds ``SPENT``: every earlier
         key's weight is then below the floor, so 0, and the remainder too; those keys cost no
         pass at all (at 8,192 tokens the weights of a window are one block or two, not 8,192
         keys)."""
@@ -179,7 +185,7 @@ class StickBreaking(PositionScheme):
         # (``attention_mask``): only they are masked (a ``where`` over every pair was a fifth
         # of the time at 8192 tokens)
         masked = 0 if self.has_attention_mask else s_k - s_q
-        blocks, weights, carry = _key_blocks(s_q, s_k), None, None
+        blocks, weights, carry = key_blocks(s_q, s_k), None, None
         for start, end in blocks:
             before = None
             if end > masked:  # keys strictly before each query, among the block's
@@ -205,18 +211,9 @@ class StickBreaking(PositionScheme):
         return weights
 
 
-# Keys per block of stick-breaking's sum (past the queries' own, which the first block holds),
-# and the stick spent past which a key's weight, exp(logsigmoid(z) - S) <= exp(-S), is below
-# ``WEIGHT_FLOOR`` = exp(-69.08) with room for float32's rounding of S.
-KEY_BLOCK = 512
+# The stick spent past which a key's weight, exp(logsigmoid(z) - S) <= exp(-S), is below
+# ``WEIGHT_FLOOR`` = exp(-69.08), with room for float32's rounding of S.
 SPENT = 70.0
-
-
-def _key_blocks(s_q: int, s_k: int) -> list[tuple[int, int]]:
-    """The (start, end) of each block of keys, the last first: the first block holds the s_q
-    keys of the queries themselves and up to ``KEY_BLOCK`` before them."""
-    first = max(0, s_k - s_q - KEY_BLOCK)
-    return [(first, s_k)] + [(max(0, e - KEY_BLOCK), e) for e in range(first, 0, -KEY_BLOCK)]
 
 
 def _stick_block(

@@ -78,7 +78,18 @@ def attention_with_lse(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]
     logits. On the CPU in float32 and without gradients by the fused SDPA kernel that returns
     it (the kernel ``scaled_dot_product_attention`` runs there; it wants v as wide as q and k,
     and its backward takes no gradient of the log-sum-exp, which the merge of blocks needs);
-    otherwise written out."""
+    otherwise written out (tests/positions/test_householder.py holds both to the paper's
+    formula).
+
+    The kernel is a private op (``aten::_scaled_dot_product_flash_attention_for_cpu``, looked
+    up by name, so a torch without it takes the written-out path) because no public API
+    returns fused attention's log-sum-exp on the CPU in torch 2.13:
+    ``F.scaled_dot_product_attention`` returns the output alone;
+    ``torch.nn.attention.varlen.varlen_attn`` has ``return_aux`` but runs on CUDA only (on
+    the CPU it raises NotImplementedError for ``aten::_flash_attention_forward``); and
+    FlexAttention's ``return_aux`` is fast only compiled by Inductor, which needs a C++
+    compiler at run time (compiled FlexAttention ran slower than chunked masks on this CPU:
+    ``pe_bench.model.attention.use_flex``)."""
     cpu_sdpa = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     fused = q.device.type == "cpu" and q.dtype == torch.float32 and v.shape[-1] == q.shape[-1]

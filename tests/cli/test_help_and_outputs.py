@@ -32,6 +32,8 @@ def test_pe_bench_help_is_a_usage_page_not_hydra_s_template_and_the_config():
     assert "powered by Hydra" not in proc.stdout and "== Config ==" not in proc.stdout
     assert proc.stdout.startswith("pe-bench: train small language models")
     assert "pe: alibi, " in proc.stdout and "pe-bench --cfg job" in proc.stdout
+    for script in ("pe-bench-report <folder>", "pe-bench-check <scheme>", "pe-bench-place"):
+        assert script in proc.stdout  # each command the package installs
     assert len(proc.stdout.splitlines()) < 40
 
 

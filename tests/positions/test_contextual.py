@@ -42,3 +42,33 @@ def test_fast_path_equals_reference(dims, s_q, s_k):
     fast = cope.score_bias(q, k, pos[-s_q:], pos, 0)
     reference = cope.score_bias_reference(q, k, pos[-s_q:], pos, 0)
     assert torch.allclose(fast[..., allowed], reference[..., allowed], atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("scale", "s_q"),
+    [(0.0, 8), (-1.0, 8), (0.0, 700)],
+    ids=["capped-in-the-first-block", "never-capped", "queries-past-a-block"],
+)
+def test_blocks_of_keys_equal_one_sum_over_the_row(dims, scale, s_q):
+    """The gates summed by blocks of ``KEY_BLOCK`` keys, stopped once every query's position
+    reaches the cap (``npos_max`` - 1), give the code before it (one reversed cumulative sum
+    over the whole row, tests/model/old_paths.py) within float tolerance, at every key the
+    queries see: positions capped early (gates near 1/2), never capped (gates of
+    sigmoid(-5.3) = 0.005 at every key: the whole row summed, to about 8), and more queries
+    than a block."""
+    from pe_bench.positions.base import KEY_BLOCK
+    from tests.model.old_paths import cope_bias
+
+    cope = build_scheme({"name": "cope"}, dims)
+    torch.nn.init.normal_(cope.pos_emb)
+    s = 3 * KEY_BLOCK + 100
+    generator = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 4, s_q, 8, generator=generator)
+    k = torch.randn(2, 4, s, 8, generator=generator)
+    if scale:  # q . k / sqrt(8) = -5.3: every gate 0.005
+        q, k = torch.ones_like(q), torch.full_like(k, -5.3 * 8**0.5 / 8)
+    pos = torch.arange(s)
+    allowed = causal_allowed(s_q, s, q.device)
+    got = cope.score_bias(q, k, pos[-s_q:], pos, 0)
+    expected = cope_bias(cope, q, k, pos[-s_q:], pos, 0)
+    assert torch.allclose(got[..., allowed], expected[..., allowed], rtol=1e-5, atol=1e-5)

@@ -222,7 +222,7 @@ def test_stickbreaking_blocks_of_keys_equal_one_sum_over_the_row(dims, shift, s_
     code before it (one reversed cumulative sum over the whole row, no floor: old_paths)
     within float tolerance: sticks never spent (every block summed, the remainder kept),
     spent a few blocks back (about 0.1 a key), and more queries than a block holds."""
-    from pe_bench.positions.gates import KEY_BLOCK
+    from pe_bench.positions.base import KEY_BLOCK
     from tests.model.old_paths import stickbreaking_weights
 
     sb = build_scheme({"name": "stickbreaking"}, dims)

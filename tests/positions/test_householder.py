@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from pe_bench.conformance import assert_conforms
 from pe_bench.model.attention import attention_path
 from pe_bench.positions import build_scheme
-from pe_bench.positions.householder import path_attention
+from pe_bench.positions.householder import attention_with_lse, path_attention
 
 from ..helpers import tiny_model
 
@@ -201,3 +201,15 @@ def test_path_attends_itself_from_the_layer_input_and_reads_no_position():
 def test_path_conforms():
     report = assert_conforms("path")
     assert report["attend"].status == "PASS"
+
+
+def test_fused_log_sum_exp_equals_the_written_out_one():
+    """The CPU kernel behind ``attention_with_lse`` (no gradients) gives the written-out
+    softmax's output and log-sum-exp (taken with gradients on)."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 3, n, 8, generator=g) for n in (7, 19, 19))
+    with torch.no_grad():
+        fused = attention_with_lse(q, k, v)
+    written = attention_with_lse(q, k, v.requires_grad_())
+    for a, b in zip(fused, written, strict=True):
+        assert torch.allclose(a, b.detach(), atol=1e-5)

@@ -51,9 +51,8 @@ def test_length_figure_has_a_line_per_label_and_bands_where_seeds():
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["rope", "alibi"]
 
 
-def test_thirty_labels_are_drawn_as_a_panel_per_family():
-    """The zoo's 30+ lines in one panel were unreadable: past MAX_LINES, one panel per family,
-    each with its own legend, and nope/rope/alibi drawn faintly where they are not members."""
+def thirty_labels() -> tuple[list[str], dict[str, str], pd.DataFrame]:
+    """33 labels in 6 families (nope, rope and alibi alone in theirs) and their stats."""
     labels = ["nope", "rope", "alibi", *(f"scheme{i}" for i in range(30))]
     families = {lab: f"family{i % 3}" for i, lab in enumerate(labels)}
     families |= {"nope": "absolute", "rope": "rotary", "alibi": "bias"}
@@ -62,7 +61,13 @@ def test_thirty_labels_are_drawn_as_a_panel_per_family():
         for i, lab in enumerate(labels)
         for length in (16, 32)
     ]
-    stats = pd.DataFrame(rows).assign(ci_low=float("nan"), ci_high=float("nan"))
+    return labels, families, pd.DataFrame(rows).assign(ci_low=float("nan"), ci_high=float("nan"))
+
+
+def test_thirty_labels_are_drawn_as_a_panel_per_family():
+    """The zoo's 30+ lines in one panel were unreadable: past MAX_LINES, one panel per family,
+    each with its own legend, and nope/rope/alibi drawn faintly where they are not members."""
+    labels, families, stats = thirty_labels()
     fig = figures.length_figure(stats, styles(labels), "ppl", 16, families=families)
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert sorted(ax.get_title() for ax in panels) == sorted(set(families.values()))
@@ -75,6 +80,21 @@ def test_thirty_labels_are_drawn_as_a_panel_per_family():
         stats[stats["label"].isin(labels[:5])], styles(labels), "ppl", 16, families=families
     )
     assert len(few.axes) == 1  # a handful of lines stay in one panel
+
+
+@pytest.mark.slow  # draws six panels
+def test_a_family_panels_legend_lies_beside_it_clear_of_the_training_length():
+    """Issue 41: results/zoo's legends inside the axes covered the training-length label."""
+    labels, families, stats = thirty_labels()
+    fig = figures.length_figure(stats, styles(labels), "ppl", 16, families=families)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    for ax in [ax for ax in fig.axes if ax.get_visible()]:
+        frame = ax.get_window_extent(renderer)
+        assert not ax.get_legend().get_window_extent(renderer).overlaps(frame), ax.get_title()
+        (mark,) = [t for t in ax.texts if t.get_text() == "training length"]
+        box = mark.get_window_extent(renderer)
+        assert frame.contains(box.x0, box.y0) and frame.contains(box.x1, box.y1)
 
 
 def test_scheme_families_come_from_the_classes():
@@ -98,6 +118,50 @@ def test_position_figure_has_a_panel_per_eval_length():
         f"windows of {n} tokens" for n in (16, 32, 64, 128)
     ]
     assert all(len(labelled_lines(ax)) == 2 for ax in panels)
+
+
+@pytest.mark.slow  # draws nine panels of 20 lines
+def test_many_labels_by_position_are_a_row_per_family_with_intervals():
+    """Issue 41: the zoo's 39 lines in each position panel, no intervals, the title running
+    into the legend, two panels without a tick at their end. Past MAX_LINES, a row per family
+    (its legend beside it, outside the title), each line with its seeds' band, and every
+    panel labels its window's last position."""
+    from matplotlib.collections import PolyCollection
+
+    from pe_bench.report.styles import report_styles
+
+    labels = [f"scheme{i}" for i in range(20)]
+    families = {lab: f"family{i % 3}" for i, lab in enumerate(labels)}
+    rows = [
+        {"label": lab, "eval_len": length, "position": p, "loss": 2.0 + i / 10, "n": 3,
+         "ci_low": 1.9 + i / 10, "ci_high": 2.1 + i / 10}
+        for i, lab in enumerate(labels)
+        for length in (16, 48, 128)
+        for p in range(1, length + 1)
+    ]  # fmt: skip
+    style = report_styles(labels, families)
+    with figures.theme():
+        fig = figures.position_figure(pd.DataFrame(rows), style, 16, families=families)
+        fig.draw(FigureCanvasAgg(fig).get_renderer())
+    grid = fig.axes[0].get_subplotspec().get_gridspec()
+    assert (grid.nrows, grid.ncols) == (3, 3)
+    for row in range(3):
+        panels = fig.axes[3 * row : 3 * row + 3]
+        members = [lab for lab in labels if families[lab] == f"family{row}"]
+        assert panels[0].get_ylabel().startswith(f"family{row}\n")
+        legend = [t.get_text() for t in panels[-1].get_legend().get_texts()]
+        assert legend == members
+        for ax, length in zip(panels, (16, 48, 128), strict=True):
+            assert [line.get_label() for line in labelled_lines(ax)] == members
+            bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+            assert len(bands) == len(members)
+            assert ax.get_xticklabels()[-1].get_text() == str(length)
+            assert ax.get_xlim() == (1, length)
+    title = fig._suptitle.get_window_extent()
+    for ax in fig.axes:
+        box = ax.get_legend().get_window_extent() if ax.get_legend() else None
+        assert box is None or not title.overlaps(box)
+        assert not title.overlaps(ax.title.get_window_extent())
 
 
 def test_curve_figure_has_training_and_validation_panels():

@@ -232,3 +232,36 @@ def test_every_link_of_a_committed_site_resolves(name):
             assert (path.parent / href).resolve().is_file(), (path, href)
             csv += href.endswith(".csv")
     assert csv  # the report's tables are linked
+
+
+def attributes(tag: str) -> dict[str, str]:
+    return dict(re.findall(r'([\w:-]+)="([^"]*)"', tag))
+
+
+def line_style(tag: str) -> tuple[str, str]:
+    """A legend swatch's ``<line>``: its colour and dash ('' for solid)."""
+    found = attributes(tag)
+    return found["stroke"], found.get("stroke-dasharray", "")
+
+
+@pytest.mark.parametrize("name", ["zoo", "tasks_quick"])  # scale's figures are PNGs
+def test_each_legend_entry_draws_its_curves_colour_and_dash(name):
+    """Issue 41: the legend's swatches were blocks of colour, so lines that differ only by
+    dash read the same. Each entry is a line in its curve's colour and dash, and no two
+    entries of a panel share both."""
+    html = (COMMITTED[name] / "index.html").read_text()
+    panels = re.findall(r'<figure class="panel">(.*?)</figure>', html, flags=re.S)
+    assert panels
+    for panel in panels:
+        series = re.findall(r'(<g class="series"[^>]*>).*?(<polyline [^>]*>)', panel, re.S)
+        curves = {
+            attributes(group)["data-label"]: (
+                re.search(r"--c:([^;\"]+)", group)[1],
+                attributes(line).get("stroke-dasharray", ""),
+            )
+            for group, line in series
+        }
+        entries = re.findall(r'<li data-label="([^"]+)"><svg class="sw".*?(<line [^>]*>)', panel)
+        legend = {label: line_style(swatch) for label, swatch in entries}
+        assert curves and {label: legend[label] for label in curves} == curves
+        assert len(set(legend.values())) == len(legend)

@@ -91,7 +91,10 @@ ROOT = Path(__file__).parents[1]
 # The longest a run may take before the experiment gives up on it: on a 2-core machine busy
 # with 20 other processes a rerun that only found its records took over 10 minutes.
 WAIT = 3600  # s
-INTERRUPTED = 130  # pe-bench's exit status after Ctrl-C (pe_bench.cli.console)
+# pe-bench's exit status after Ctrl-C (pe_bench.cli.console), or its death by SIGINT, which a
+# shell reports as 130 too: a Ctrl-C while torch is imported sometimes makes Python end by
+# its own SIGINT after pe-bench's line (seen in 1 of 12 interrupts 1.6-2.7 s into a run)
+INTERRUPTED = (130, -signal.SIGINT)
 INTERRUPTED_LINE = "pe-bench: interrupted; rerun the same command to resume"
 # A sweep whose second job's scheme raises in training (the key's probe runs without
 # gradients, so the plan accepts it), against the sweep of the first alone.
@@ -126,7 +129,17 @@ def start(out_root: Path, log: Path, command: list[str] = COMMAND) -> subprocess
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     args = [sys.executable, "-m", "pe_bench.cli", *command, f"out_root={out_root}"]
     with open(log, "a") as f:
-        return subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env)
+        return subprocess.Popen(
+            args, stdout=f, stderr=subprocess.STDOUT, env=env, preexec_fn=ctrl_c_as_from_a_shell
+        )
+
+
+def ctrl_c_as_from_a_shell() -> None:
+    """In the child, before it starts: SIGINT acts as it does for a command typed in a shell.
+    An experiment started in the background by a script (``nohup ... &``) ignores SIGINT, and
+    a child inherits an ignored signal: its runs slept through every Ctrl-C trial and ended as
+    if never interrupted (the rerun of 2026-11-27, whose 12 SIGINT trials were all 'ended')."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def run_to_end(out_root: Path, log: Path) -> float:
@@ -157,23 +170,25 @@ def run_and_kill(
 ) -> tuple[str, str]:
     """Start the command, send it ``sig`` after ``delay`` s; the phase it was in (from its
     log), and what was wrong with how it ended ('' if nothing): after SIGINT, its last line
-    must say it was interrupted, with status 130 and no traceback, or (the work had ended)
-    status 0 without a traceback."""
+    must say it was interrupted, with status 130 (``INTERRUPTED``) and no traceback, or (the
+    work had ended) status 0 without a traceback."""
     mark = log.stat().st_size if log.exists() else 0
     proc = start(out_root, log)
     try:
         proc.wait(timeout=delay)
         return "ended before the kill", ""
     except subprocess.TimeoutExpired:
+        killed_at = log.stat().st_size  # the phase is the one the signal found, not the last
         os.kill(proc.pid, sig)
         status = proc.wait()
-    with open(log) as f:
+    with open(log, "rb") as f:
         f.seek(mark)
-        text = f.read()
-    where, wrong = phase(text), ""
+        written = f.read()
+    text = written.decode(errors="replace")
+    where, wrong = phase(written[: killed_at - mark].decode(errors="replace")), ""
     if sig == signal.SIGINT:
         last = (text.strip().splitlines() or [""])[-1]
-        said = status == INTERRUPTED and last.startswith(INTERRUPTED_LINE)
+        said = status in INTERRUPTED and last.startswith(INTERRUPTED_LINE)
         done = status == 0 and where == "ended"  # in Python's shutdown: the work had ended
         if not (said or done) or "Traceback" in text:
             wrong = f"exit {status}, last line {last[:120]!r}"
@@ -304,8 +319,9 @@ def markdown(summary: Summary, seed: int, elapsed: float) -> str:
         f"- result: **{len(summary.trials) - len(bad)} of {len(summary.trials)} trials equal**"
         f" to the uninterrupted run ({kills} kills; {len(summary.mismatches)} mismatches)",
         "- trials by kind: " + ", ".join(f"{k} {n}" for k, n in by_kind.items()),
-        "- SIGINT (Ctrl-C): each interrupted process's last line says so, exit status 130, no"
-        " traceback (or, a Ctrl-C once the work had ended, exit 0 and nothing more); plugin"
+        "- SIGINT (Ctrl-C): each interrupted process's last line says so, exit status 130 (as a"
+        " shell reports it: the status, or death by SIGINT), no traceback (or, a Ctrl-C once"
+        " the work had ended, exit 0 and nothing more); plugin"
         " failure: `pe-bench "
         f"{shlex.join(PLUGIN_SWEEP)}` against the sweep without `train_raises`: the failed job"
         " named once, exit 1, no traceback, the other job's folder equal, the report written",

@@ -424,6 +424,26 @@ def test_a_plugin_failure_trial_names_the_job_and_keeps_the_others(tmp_path):
     assert "(0 kills;" in kill_anywhere.markdown(summary, seed=2, elapsed=0.0)
 
 
+@pytest.mark.slow  # one run interrupted in its startup: ~10 s on one thread
+def test_a_ctrl_c_trial_interrupts_the_run_even_from_a_background_experiment(tmp_path):
+    """experiments/kill_anywhere.py started by ``nohup ... &`` ignores SIGINT, and its runs
+    inherited that: each Ctrl-C trial ran to the end and passed as 'ended'. The run must be
+    interrupted (one line, status 130), its phase read at the moment of the signal."""
+    sys.path.insert(0, str(ROOT / "experiments"))
+    try:
+        import kill_anywhere
+    finally:
+        sys.path.pop(0)
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        where, wrong = kill_anywhere.run_and_kill(
+            tmp_path / "out", tmp_path / "run.log", 1.0, signal.SIGINT
+        )
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert (where, wrong) == ("startup", "")  # '' : its last line said so, status 130
+
+
 def test_a_checkpoint_of_other_code_or_from_before_the_key_starts_afresh(tmp_path):
     """A checkpoint's fingerprint ends in the key of its scheme's code: one saved by other
     code, or before fingerprints carried a key, is not resumed (its records are stale too)."""

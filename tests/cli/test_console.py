@@ -142,6 +142,13 @@ def wait_for(proc: subprocess.Popen, log, text: str, timeout: float = 300) -> No
         time.sleep(0.2)
 
 
+def as_from_a_shell() -> None:
+    """In the child: Ctrl-C acts as for a command typed in a shell. pytest started in the
+    background (``nohup bash .ci/run &``) ignores SIGINT, and a child inherits an ignored
+    signal: the run slept through the test's Ctrl-C and trained to its end (exit 0)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.slow  # a run started, interrupted in training, and rerun
 def test_ctrl_c_in_training_is_one_line_and_the_rerun_resumes(tmp_path):
     args = overridden(*TINY, "train.steps=400", "train.ckpt_every=20", "train.log_every=20")
@@ -149,7 +156,9 @@ def test_ctrl_c_in_training_is_one_line_and_the_rerun_resumes(tmp_path):
     log = tmp_path / "log.txt"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HYDRA_FULL_ERROR": "0"}
     with open(log, "w") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=as_from_a_shell
+        )
         wait_for(proc, log, ": step 40/400")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == INTERRUPTED

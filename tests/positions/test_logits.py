@@ -72,8 +72,31 @@ def test_dape_query_slices_equal_one_pass(dims, monkeypatch):
     dape = build_scheme({"name": "dape_kerple"}, dims)
     q, k, pos = torch.randn(2, 4, 30, 8), torch.randn(2, 4, 30, 8), torch.arange(30)
     whole = attention_logits(dape, q, k, pos, pos)
-    monkeypatch.setattr(logits_module, "DAPE_BUDGET", 2 * 30 * 32 * 7)  # slices of 7 queries
+    monkeypatch.setattr(logits_module, "DAPE_BUDGET", 2 * 30 * 9 * 7)  # slices of 7 queries
     assert torch.allclose(attention_logits(dape, q, k, pos, pos), whole, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["dape_kerple", "dape_alibi"])
+@pytest.mark.parametrize("s_q", [30, 7, 1])  # the whole window, or its last queries
+@pytest.mark.parametrize("budget", [None, 2 * 32 * 7])  # rows whole, or blocks of 7 keys
+def test_dape_rows_equal_slices(dims, monkeypatch, name, s_q, budget):
+    """Row by row, with f's B part read from a table by distance (``rows_logits``), the
+    logits equal those by slices of [A; B; 1] (``sliced_logits``) on every entry, the
+    future keys' included, whatever the blocks of keys."""
+    dape = build_scheme({"name": name}, dims)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in dape.parameters():
+            p.add_(torch.randn(p.shape, generator=generator))
+    q, k = torch.randn(2, 4, s_q, 8), torch.randn(2, 4, 30, 8)
+    q_pos, k_pos = torch.arange(30 - s_q, 30), torch.arange(30)
+    monkeypatch.setattr(logits_module, "ROW_PAIRS", 10**9)
+    sliced = attention_logits(dape, q, k, q_pos, k_pos, layer=1)
+    monkeypatch.setattr(logits_module, "ROW_PAIRS", 0)
+    if budget:
+        monkeypatch.setattr(logits_module, "DAPE_BUDGET", budget)
+    rows = attention_logits(dape, q, k, q_pos, k_pos, layer=1)
+    assert torch.allclose(rows, sliced, rtol=1e-5, atol=1e-5), (rows - sliced).abs().max()
 
 
 @pytest.mark.slow

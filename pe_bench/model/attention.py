@@ -10,7 +10,8 @@ key alone (``key_bias``, FoX) rides on one more dimension of q and k into fused 
 (``key_biased_attention``), and a content-free relative one has its chunks' masks copied from
 a table by distance (``distance_attention``). A scheme that rewrites the logits or their
 normalisation (``modify_logits``, ``attention_weights``) attends through
-``explicit_attention``. A scheme that hides keys the causal rule allows (``attention_mask``:
+``explicit_attention``, or a ``WindowedRoPE`` by blocks of queries without an L x L matrix
+(``positions.windowed``). A scheme that hides keys the causal rule allows (``attention_mask``:
 chunked or sliding-window attention) puts ``-inf`` on them in its float mask
 (``masked_logit_bias``) or its explicit path (``allowed_keys``), never through a fused
 kernel, a mask copied by distance or FlexAttention. ``reference_attention`` writes the math
@@ -36,6 +37,7 @@ from torch import Tensor
 
 from pe_bench.errors import UserError
 from pe_bench.positions.base import PositionScheme, ScoreMod
+from pe_bench.positions.windowed import blockwise, consecutive, windowed_attention
 
 
 def attention_path(pe: PositionScheme) -> str:
@@ -43,9 +45,12 @@ def attention_path(pe: PositionScheme) -> str:
     fused first (FlexAttention, where ``model.attention`` turns it on, replaces the
     ``distance`` and ``mask`` paths of a scheme with a ``score_mod`` and no
     ``attention_mask``): ``scheme`` (the scheme's own ``attend``, from the layer's input),
-    ``explicit``, ``mask``, ``key_bias``, ``causal``, ``distance``."""
+    ``windowed`` (``positions.windowed.blockwise``), ``explicit``, ``mask``, ``key_bias``,
+    ``causal``, ``distance``."""
     if pe.has_own_attention:  # the scheme attends itself, reading the layer's input
         return "scheme"
+    if blockwise(type(pe)):  # a WindowedRoPE's logits, computed by blocks and branches
+        return "windowed"
     if pe.has_logits_hook:  # the scheme rewrites logits or weights: written out
         return "explicit"
     if pe.has_attention_mask:  # keys hidden by -inf in float masks, whatever else it has
@@ -441,7 +446,9 @@ def _on_path(
     path = attention_path(pe)
     if path == "scheme":
         return pe.attend(x, q, k, v, pos, layer)
-    if path == "explicit":
+    if path == "windowed" and consecutive(pos):  # (the runs are planned for positions 0..s-1)
+        return windowed_attention(pe, q, k, v)
+    if path in ("explicit", "windowed"):
         return explicit_attention(q, k, v, pos, pe, layer)
     if path == "key_bias":
         term = pe.key_bias(q, k, pos, pos, layer)

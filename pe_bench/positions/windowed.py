@@ -17,7 +17,7 @@ as many q . k products are computed as by plain causal attention (the partial ru
 block wide at each edge of a branch, are the extra). The runs depend on the lengths alone, so
 a forward pass plans them once for all its layers (``plan``).
 
-Positions are consecutive from 0 (the model's windows; ``consecutive``), the queries the last
+Positions are consecutive from 0 (the model's windows; ``planned_for``), the queries the last
 ``s_q`` of the ``s_k`` keys. The keys a query sees are those its branches score: a windowed
 scheme's ``attention_mask``, where it has one, is their union (``SinkWindowRoPE``'s).
 ``pretrained.windowed`` computes the same on an HF model (its own copy of this algorithm).
@@ -60,8 +60,12 @@ def blockwise(cls: type[PositionScheme]) -> bool:
     )
 
 
-def consecutive(pos: Tensor) -> bool:
-    """Whether ``pos`` is 0, 1, ..., s - 1, the positions ``plan`` assumes."""
+def planned_for(scheme: PositionScheme, pos: Tensor, own: bool) -> bool:
+    """Whether ``pos`` is 0, 1, ..., s - 1, the positions ``plan`` assumes: known without
+    reading it where it is the scheme's own (``own``) and its ``positions`` the default
+    (the model's passes: no wait on a GPU), else read on the host (positions from outside)."""
+    if own and type(scheme).positions is PositionScheme.positions:
+        return True
     return torch.equal(pos, torch.arange(pos.shape[-1], device=pos.device))
 
 

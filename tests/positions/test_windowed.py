@@ -4,6 +4,8 @@ and a block, past training, in the model and against the authors' pinned outputs
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -132,6 +134,17 @@ def test_other_positions_attend_explicitly():
     torch.testing.assert_close(
         attention(q, k, v, pe, pos=pos), explicit_attention(tq, tk, v, pos, pe, 0)
     )
+
+
+def test_the_models_own_positions_are_not_read():
+    """A pass over the scheme's own positions takes the blockwise path without reading them
+    (no wait on a GPU: a meta tensor has no values to read); positions from outside are read."""
+    pe = scheme("dca")
+    unread = torch.empty(40, device="meta")
+    assert model_attention.forward_context(pe, unread, "auto", 2, False).windowed
+    given = partial(model_attention.forward_context, pe, mode="auto", num_heads=2, grad=False)
+    assert given(torch.arange(40), own=False).windowed
+    assert not given(torch.arange(40) + 1, own=False).windowed
 
 
 def test_queries_after_a_prefix_and_a_mask_are_the_explicit_rows():

@@ -29,8 +29,9 @@ code that made it (its ``git_sha``) computes what today's code computes:
    something may act on import: they are differences. Log lines are compared out, and so is
    a loop counter that only they read (``migrate_worker._proof_source``).
 
-A fine-tuned model's record is keyed by the trained scheme alone, so its fine-tune scheme's
-caveat edited since (``drope``'s) leaves it current: it gets that caveat today wherever the
+A fine-tuned model's record is also keyed by its fine-tune scheme's code (``finetune_source``,
+which records made before it lack; ``drope``'s caveat was edited while they were keyed by the
+trained scheme alone): it gets that key, and the caveat the scheme has today, wherever the
 fine-tune scheme's code at its commit computes today's numbers. A migrated record also gets
 the options its label shows today (``pe_options``, what differs from the defaults): bipe's
 ``separators`` became a default, so ``bipe(separators=[10])`` is ``bipe``.
@@ -85,6 +86,12 @@ def tree(sha: str, scratch: Path) -> Path:
         with tarfile.open(fileobj=handle) as tar:
             tar.extractall(folder, filter="data")
     return folder
+
+
+def known(sha: str) -> bool:
+    """Whether the repository has commit ``sha`` (a record made at an unlanded one may not)."""
+    command = ["git", "-C", str(ROOT), "cat-file", "-e", f"{sha}^{{commit}}"]
+    return subprocess.run(command, capture_output=True).returncode == 0
 
 
 def run_worker(root: Path, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -149,6 +156,7 @@ class Folder:
         self.pe_source = job.pe_source
         self.caveat = job.scheme.caveat  # what the trained scheme's records say of it today
         self.finetune_caveats = {ft.key: ft.scheme.caveat for ft in job.finetunes}
+        self.finetune_sources = {ft.run_id: ft.source for ft in job.finetunes}
         self.pe_options: str | None = options_label(run_cfg.pe)  # the label's, as records have
         self.variants = {t.variant: (t.variant_hash, t.variant_source) for t in job.tasks}
 
@@ -174,6 +182,7 @@ class Folder:
         self.pe_source = pretrained_key()
         self.caveat = None  # a pretrained model's caveats are its variants'
         self.finetune_caveats: dict[str, str] = {}
+        self.finetune_sources: dict[str, str] = {}
         self.pe_options = None
         self.variants = {"none": ("", "")} | {
             v.key: (config_hash(self.variant_cfgs[v.key]), variant_key(v, self.dims)) for v in built
@@ -302,7 +311,10 @@ def judge(folders: list[Folder]) -> tuple[Verdicts, Computed]:
         today = dict(zip(every, run_worker(ROOT, list(every.values())), strict=True))
         then: Computed = {}
         for sha, items in sorted(needed.items()):
-            computed = run_worker(tree(sha, Path(scratch)), list(items.values()))
+            if known(sha):
+                computed = run_worker(tree(sha, Path(scratch)), list(items.values()))
+            else:  # an unlanded commit's records: kept if already current, else left stale
+                computed = [{"error": f"commit {sha[:8]} is not in this repository"}] * len(items)
             then |= {(sha, k): v for k, v in zip(items, computed, strict=True)}
 
     verdicts: Verdicts = {}
@@ -325,11 +337,16 @@ def migrate_folder(folder: Folder, verdicts: Verdicts, then: Computed) -> collec
     renamed: dict[tuple, str] = {}  # old record key -> today's variant_hash
     for record in folder.records:
         today_hash, today_variant = folder.variants.get(record["variant"], (None, None))
-        current = record.get("pe_source") == folder.pe_source and (
-            record["variant"] == "none"
-            or (
-                record.get("variant_source") == today_variant
-                and record["variant_hash"] == today_hash
+        today_tuned = folder.finetune_sources.get(record["run_id"])
+        current = (
+            record.get("pe_source") == folder.pe_source
+            and record.get("finetune_source") == today_tuned
+            and (
+                record["variant"] == "none"
+                or (
+                    record.get("variant_source") == today_variant
+                    and record["variant_hash"] == today_hash
+                )
             )
         )
         if current:
@@ -348,6 +365,8 @@ def migrate_folder(folder: Folder, verdicts: Verdicts, then: Computed) -> collec
             record["variant_hash"] = today_hash
             _set_after(record, "variant_source", today_variant, "tokens")
             renamed[old_key] = today_hash
+        if today_tuned:
+            _set_after(record, "finetune_source", today_tuned, "finetune_lr")
         counts["migrated"] += 1
     for row in folder.positions:
         old_key = (row.get("run_id"), *(row.get(f) for f in RECORD_KEY))

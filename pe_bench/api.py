@@ -98,11 +98,12 @@ def attention(
     _check_input(x, q, pe)
     s = q.shape[-2]
     pe.check_length(s)
-    if pos is None:
+    own = pos is None
+    if own:
         pos = pe.positions(s, q.device)
     elif tuple(pos.shape) != (s,):
         raise UserError(f"pos has shape {tuple(pos.shape)}; it must be [s] = [{s}]")
-    ctx = forward_context(pe, pos, mode, q.shape[1], torch.is_grad_enabled())
+    ctx = forward_context(pe, pos, mode, q.shape[1], torch.is_grad_enabled(), own)
     q, k = pe.transform_qk(q, k, pos, pos, layer)
     return attend(q, k, v, ctx, layer, x)
 

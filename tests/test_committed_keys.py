@@ -46,8 +46,8 @@ AWAITING_RERUN = {
 @pytest.mark.slow  # 10 s: a plan for each of the ~200 committed job folders
 def test_every_committed_record_is_fresh_for_todays_code(example_plugin):
     """A run of any committed job folder but AWAITING_RERUN's would find all its records: each
-    carries the key today's code gives its config, the scheme's and each variant's (the
-    placed plugin's, results/quick_place_my_pe, imported from examples/my_pe)."""
+    carries the key today's code gives its config, the scheme's, each variant's and each
+    fine-tune's (the placed plugin's, results/quick_place_my_pe, imported from examples/my_pe)."""
     folder_of = migrate_keys().Folder
     stale = []
     for path in sorted(RESULTS.glob("**/records.jsonl")):
@@ -62,6 +62,7 @@ def test_every_committed_record_is_fresh_for_todays_code(example_plugin):
             pe_source=folder.pe_source,
             tokenizer_sha=folder.records[0].get("tokenizer_sha", BYTES),
             variant_sources={key: source for key, (_, source) in folder.variants.items()},
+            finetune_sources=folder.finetune_sources,
         )
         if len(store.records) != len(folder.records):
             stale.append(path.parent.relative_to(RESULTS).as_posix())

@@ -25,7 +25,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from pe_bench.cli.command_line import announce, check_command
-from pe_bench.cli.console import console
+from pe_bench.cli.console import console, from_ctrl_c
 from pe_bench.cli.hydra_private import report_as_hydra
 from pe_bench.errors import UserError, os_message
 from pe_bench.pretrained import evaluate as pretrained
@@ -136,7 +136,7 @@ def run_command(argv: list[str]) -> None:
             remove_refused(folder, made)
         fail(UserError(os_message(err, folder)))
     except Exception as err:
-        if asked == "1":
+        if asked == "1" or from_ctrl_c(err):  # a Ctrl-C surfaced as an error: console's line
             raise
         del os.environ[FULL_ERROR]
         report_as_hydra(err)  # as Hydra reports it, exit 1

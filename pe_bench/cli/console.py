@@ -1,7 +1,8 @@
 """What every console script does around its work: a bad ``OMP_NUM_THREADS`` is refused in
 one line before anything runs (libgomp only warns, then uses every core), and Ctrl-C ends the
-command in one line with status 130, saying what a rerun does, instead of a traceback. Nothing
-is half-written either way: every file pe-bench writes replaces the old one whole
+command in one line with status 130, saying what a rerun does, instead of a traceback (also when
+it surfaces as another error, a KeyboardInterrupt in that error's chain). Nothing is
+half-written either way: every file pe-bench writes replaces the old one whole
 (``files.atomic_write``), and a folder's lock goes with its process. Once the work has ended,
 a further Ctrl-C (Python's shutdown joins threads and runs exit hooks: seconds) ends the process
 at once, silently, with the status it was ending with."""
@@ -15,6 +16,7 @@ import re
 import signal
 import sys
 from collections.abc import Iterator
+from typing import NoReturn
 
 from pe_bench.errors import UserError
 
@@ -45,9 +47,36 @@ def console(prog: str, rerun: str = RESUME) -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        fresh_line = "\n" if sys.stderr.isatty() else ""  # after the terminal's ^C
-        print(f"{fresh_line}{prog}: interrupted; {rerun}", file=sys.stderr)
-        sys.exit(INTERRUPTED)
+        interrupted(prog, rerun)
+    except Exception as err:
+        if not from_ctrl_c(err):
+            raise
+        interrupted(prog, rerun)
+
+
+def interrupted(prog: str, rerun: str) -> NoReturn:
+    """End the command after a Ctrl-C: one line saying ``rerun``, status ``INTERRUPTED``."""
+    fresh_line = "\n" if sys.stderr.isatty() else ""  # after the terminal's ^C
+    print(f"{fresh_line}{prog}: interrupted; {rerun}", file=sys.stderr)
+    sys.exit(INTERRUPTED)
+
+
+def from_ctrl_c(err: BaseException) -> bool:
+    """Whether a ``KeyboardInterrupt`` is in ``err``'s chain (``__cause__``, ``__context__``):
+    a Ctrl-C while an extension imports, or while a library unwinds, can surface as the error
+    raised in its place (an ``ImportError``, a ``RuntimeError``), which was the user's Ctrl-C
+    all the same."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [err]
+    while todo:
+        each = todo.pop()
+        if each is None or id(each) in seen:
+            continue
+        if isinstance(each, KeyboardInterrupt):
+            return True
+        seen.add(id(each))
+        todo += [each.__cause__, each.__context__]
+    return False
 
 
 def launch(prog: str, module: str, rerun: str = RESUME) -> None:

@@ -37,6 +37,10 @@ PATHS = {
         "the scheme's own attention (attend, from the layer's input): no fused path unless "
         "the scheme's attend takes one; a term added to the logits belongs in score_bias"
     ),
+    "windowed": (
+        "a windowed RoPE's branches (WindowedRoPE's modify_logits) by blocks of queries: "
+        "fused SDPA per branch and run of keys, merged by log-sum-exp, no L x L matrix"
+    ),
     "explicit": (
         "explicit float32 attention (modify_logits or attention_weights): every fused path is "
         "off; a term that only adds to the logits belongs in score_bias, a factor per query "

@@ -10,13 +10,17 @@ key alone (``key_bias``, FoX) rides on one more dimension of q and k into fused 
 (``key_biased_attention``), and a content-free relative one has its chunks' masks copied from
 a table by distance (``distance_attention``). A scheme that rewrites the logits or their
 normalisation (``modify_logits``, ``attention_weights``) attends through
-``explicit_attention``. A scheme that hides keys the causal rule allows (``attention_mask``:
+``explicit_attention`` (a ``WindowedRoPE`` by blocks: ``windowed_attention``, no L x L
+matrix). A scheme that hides keys the causal rule allows (``attention_mask``:
 chunked or sliding-window attention) puts ``-inf`` on them in its float mask
 (``masked_logit_bias``) or its explicit path (``allowed_keys``), never through a fused
 kernel, a mask copied by distance or FlexAttention. ``reference_attention`` writes the math
 out; tests hold the paths equal. On the CPU a chunk is sized to stay in cache
 (``query_chunk``). ``attend`` picks the path (``attention_path``) for the benchmark's model and
 for ``pe_bench.api`` alike.
+
+One module: every path beside the dispatch that picks it (``attention_path``, ``_on_path``),
+which the tests spy on here by each path's function name.
 
 Shapes: q ``[b, n_h, s_q, h_d]``, k and v ``[b, n_h, s_k, h_d]``; the queries are the last s_q
 of the s_k positions, so query i may see keys j <= s_k - s_q + i.
@@ -36,6 +40,7 @@ from torch import Tensor
 
 from pe_bench.errors import UserError
 from pe_bench.positions.base import PositionScheme, ScoreMod
+from pe_bench.positions.windowed import blockwise, planned_for, windowed_attention
 
 
 def attention_path(pe: PositionScheme) -> str:
@@ -43,9 +48,11 @@ def attention_path(pe: PositionScheme) -> str:
     fused first (FlexAttention, where ``model.attention`` turns it on, replaces the
     ``distance`` and ``mask`` paths of a scheme with a ``score_mod`` and no
     ``attention_mask``): ``scheme`` (the scheme's own ``attend``, from the layer's input),
-    ``explicit``, ``mask``, ``key_bias``, ``causal``, ``distance``."""
+    ``windowed``, ``explicit``, ``mask``, ``key_bias``, ``causal``, ``distance``."""
     if pe.has_own_attention:  # the scheme attends itself, reading the layer's input
         return "scheme"
+    if blockwise(type(pe)):  # a WindowedRoPE's logits, computed by blocks and branches
+        return "windowed"
     if pe.has_logits_hook:  # the scheme rewrites logits or weights: written out
         return "explicit"
     if pe.has_attention_mask:  # keys hidden by -inf in float masks, whatever else it has
@@ -401,16 +408,17 @@ class ForwardContext:
     pos: Tensor  # [s]: the position of each index
     flex: bool  # the scheme's logit term goes into FlexAttention (see use_flex)
     bias_cache: dict | None  # masked biases built once and shared by all layers (shared_bias)
+    windowed: bool = False  # a windowed RoPE at positions 0..s-1: by blocks (planned_for)
 
 
 def forward_context(
-    pe: PositionScheme, pos: Tensor, mode: str, num_heads: int, grad: bool
+    pe: PositionScheme, pos: Tensor, mode: str, num_heads: int, grad: bool, own: bool = True
 ) -> ForwardContext:
     """The context of a forward pass over positions ``pos`` under ``model.attention=mode``
-    (``grad``: whether gradients are on): FlexAttention only for a term it can take (no
-    logit hook, no hidden keys; a ``key_bias`` term needs no mask at any length, so only when
-    asked for), and one mask for all layers unless a per-layer scale multiplies it or a mask
-    hides keys."""
+    (``grad``: gradients on; ``own``: ``pos`` is ``pe.positions``'): FlexAttention only for a
+    term it can take (no logit hook, no hidden keys; a ``key_bias`` term needs no mask at any
+    length, so only when asked for), and one mask for all layers unless a per-layer scale
+    multiplies it or a mask hides keys."""
     flex = (
         pe.has_score_bias
         and not (pe.has_logits_hook or pe.has_attention_mask)
@@ -418,7 +426,8 @@ def forward_context(
         and (not pe.has_key_bias or mode == "flex")
     )
     shared = pe.shared_bias and not (pe.scales_bias or pe.has_attention_mask)
-    return ForwardContext(pe, pos, flex, {} if shared else None)
+    windowed = blockwise(type(pe)) and planned_for(pe, pos, own)
+    return ForwardContext(pe, pos, flex, {} if shared else None, windowed)
 
 
 def attend(
@@ -441,7 +450,9 @@ def _on_path(
     path = attention_path(pe)
     if path == "scheme":
         return pe.attend(x, q, k, v, pos, layer)
-    if path == "explicit":
+    if path == "windowed" and ctx.windowed:  # (else positions its runs are not planned for)
+        return windowed_attention(pe, q, k, v)
+    if path in ("explicit", "windowed"):
         return explicit_attention(q, k, v, pos, pe, layer)
     if path == "key_bias":
         term = pe.key_bias(q, k, pos, pos, layer)

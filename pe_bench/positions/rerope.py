@@ -43,8 +43,9 @@ class WindowedRoPE(RoPE):
     the window w; far: ``far_positions`` for the rest) and for the long-context methods of
     ``positions.long_context`` (DCA, StreamingLLM, LM-Infinite, STRING). q and k are rotated in
     ``modify_logits``, not in ``rotate``, which only scales them by ``rotary_factor`` (a
-    factor on cos and sin, as HF's ``attention_scaling``). ``pretrained.windowed`` computes
-    the same branches on an HF model without an L x L matrix."""
+    factor on cos and sin, as HF's ``attention_scaling``). ``positions.windowed`` computes the
+    same attention without an L x L matrix (the model's ``windowed`` path), as
+    ``pretrained.windowed`` does on an HF model."""
 
     variant_of = "rope"
     relative = False

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -45,6 +45,8 @@ class DataKey:
     tokenizer_sha: str
     pe_source: str  # the hash of the code that computes the numbers
     weights_sha: str | None = None  # a pretrained model's weights (``pretrained.key``)
+    # each fine-tune's run id -> the key of its scheme's code (``run.plan.Finetune.source``)
+    finetune_sources: dict[str, str] = field(default_factory=dict)
 
 
 class Job(Protocol):
@@ -141,6 +143,7 @@ def open_store(job: Job, out_dir: Path, key: DataKey, world: World) -> RunStore:
         tokenizer_sha=key.tokenizer_sha,
         variant_sources={t.variant: t.variant_source for t in tasks},
         weights_sha=key.weights_sha,
+        finetune_sources=key.finetune_sources,
     )
 
 

@@ -57,10 +57,15 @@ class Finetune:
     scheme: PositionScheme  # the scheme it fine-tunes and evaluates with
     tasks: list[EvalTask]
     run_id: str
+    # the key of the fine-tuning scheme's code (``positions.scheme_key``), as ``pe_source`` is
+    # the trained scheme's: an edited fine-tune scheme retrains the fine-tune and recomputes
+    # its records (``RunStore``, the checkpoint's fingerprint), and nothing else
+    source: str
 
     def record_fields(self) -> dict[str, Any]:
         """What a fine-tuned model's records add to (or change in) the trained model's: the
-        fine-tuning scheme's caveat, where it has one, in place of the trained scheme's."""
+        fine-tuning scheme's caveat, where it has one, in place of the trained scheme's, and
+        the key of its code."""
         caveat = {"caveat": self.scheme.caveat} if self.scheme.caveat else {}
         return caveat | {
             "run_id": self.run_id,
@@ -70,6 +75,7 @@ class Finetune:
             "finetune_steps": self.train.steps,
             "finetune_tokens": self.train.steps * self.train.batch_size * self.train.seq_len,
             "finetune_lr": self.train.lr,
+            "finetune_source": self.source,
             "config_hash": self.config_hash,
         }
 
@@ -94,6 +100,11 @@ class Plan:
     def run_ids(self) -> list[str]:
         """The trained model's run id, then each fine-tune's."""
         return [self.run_id, *(ft.run_id for ft in self.finetunes)]
+
+    @property
+    def finetune_sources(self) -> dict[str, str]:
+        """Each fine-tune's run id -> the key of its scheme's code (``Finetune.source``)."""
+        return {ft.run_id: ft.source for ft in self.finetunes}
 
     def owed(self) -> list[tuple[str, list[EvalTask]]]:
         """(run id, its evaluation tasks): the trained model's, then each fine-tune's."""
@@ -347,7 +358,8 @@ def _finetunes(
     for key, ft_cfg in cfg.finetunes.items():
         train = ft_cfg.train_config(cfg.train)  # refuses bad values now, not after training
         where = f"finetunes.{key}.pe." if ft_cfg.pe else "pe."
-        scheme = _built(ft_cfg.pe or cfg.pe, cfg, where)
+        pe_cfg = ft_cfg.pe or cfg.pe
+        scheme = _built(pe_cfg, cfg, where)
         if trained.name not in (scheme.name, scheme.variant_of):
             log.info("finetunes.%s (%s) does not apply to %s", key, scheme.name, trained.name)
             continue
@@ -358,5 +370,6 @@ def _finetunes(
         tasks = eval_tasks(none, lengths, cfg.eval, cfg.train.seq_len, n_targets, modes)
         tasks = with_probes(tasks, cfg)
         ft_hash = config_hash(cfg.resolved["finetunes"][key])
-        finetunes.append(Finetune(key, ft_hash, train, scheme, tasks, f"{run_id}:{key}-{ft_hash}"))
+        ft_id, source = f"{run_id}:{key}-{ft_hash}", scheme_key(pe_cfg, scheme.dims)
+        finetunes.append(Finetune(key, ft_hash, train, scheme, tasks, ft_id, source))
     return finetunes

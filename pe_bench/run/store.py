@@ -6,7 +6,8 @@ A job folder holds one trained model and its fine-tunes (each a run id): ``recor
 the trained model's first), ``config.yaml`` and the checkpoints. Records of other run ids or
 another corpus, or of an eval-time variant whose config has changed since (``variant_hash``),
 or of a context-use probe whose settings have (``probe_hash``), or made by other code of their
-scheme (``pe_source``, ``variant_source``: ``positions.scheme_key``), or by other weights of a
+scheme (``pe_source``, ``variant_source``, a fine-tune's ``finetune_source``:
+``positions.scheme_key``), or by other weights of a
 pretrained model (``weights_sha``), are stale and dropped at the next write; skipped records
 are retried. A position row lives as long as its record, a curve as long as a record of its
 run id: neither carries the corpus hash, and a row whose record was never written (a kill
@@ -135,7 +136,8 @@ class RunStore:
     variant under another hash are superseded (a variant key names one config at a time, else
     the report would see two rows for one cell). ``pe_source`` is the key of the trained
     scheme's code (``positions.scheme_key``) and ``variant_sources`` maps each variant of the
-    plan to the key of its code: records made by other code, or that carry no key (made before
+    plan to the key of its code, ``finetune_sources`` each fine-tune's run id to the key of its
+    fine-tuning scheme's code: records made by other code, or that carry no key (made before
     records did), are stale and computed again, with a log line saying why (``pe_source``
     None: not checked, for tools that only read a folder). ``probes`` maps each context-use
     probe of the plan to the hash of its settings (``probes.probe_hashes``): its records of
@@ -161,6 +163,7 @@ class RunStore:
         tokenizer_sha: str = BYTES,
         variant_sources: dict[str, str] | None = None,
         weights_sha: str | None = None,
+        finetune_sources: dict[str, str] | None = None,
     ) -> None:
         self.folder, self.run_ids, self.corpus_sha = folder, run_ids, corpus_sha
         self.writer = writer
@@ -181,7 +184,9 @@ class RunStore:
             and r.get("tokenizer_sha", BYTES) == tokenizer_sha
         ]
         if pe_source is not None:
-            self.records = self._of_this_code(pe_source, variant_sources or {}, weights_sha)
+            self.records = self._of_this_code(
+                pe_source, variant_sources or {}, finetune_sources or {}, weights_sha
+            )
         self._done = {record_key(r) for r in self.records}
         self.positions = [r for r in self._rows(POSITIONS, fresh) if record_key(r) in self._done]
         trained = {r["run_id"] for r in self.records}
@@ -191,11 +196,16 @@ class RunStore:
                 self.curves.setdefault(row["run_id"], []).append(row)
 
     def _of_this_code(
-        self, pe_source: str, variant_sources: dict[str, str], weights_sha: str | None
+        self,
+        pe_source: str,
+        variant_sources: dict[str, str],
+        finetune_sources: dict[str, str],
+        weights_sha: str | None,
     ) -> list[dict]:
         """The records made by the code that runs now: the trained scheme's key
-        (``pe_source``) and, for a variant of the plan, the variant's (``variant_source``);
-        a pretrained model's, of the weights there now (``weights_sha``); the others are
+        (``pe_source``) and, for a variant of the plan, the variant's (``variant_source``),
+        for a fine-tune of the plan, its fine-tuning scheme's (``finetune_source``); a
+        pretrained model's, of the weights there now (``weights_sha``); the others are
         logged, by why they are stale."""
         kept, stale = [], Counter()
         for r in self.records:
@@ -204,6 +214,8 @@ class RunStore:
                 expected.append(("weights_sha", weights_sha))
             if variant_sources.get(r.get("variant")):  # a variant not planned now: kept
                 expected.append(("variant_source", variant_sources[r["variant"]]))
+            if r.get("run_id") in finetune_sources:  # a fine-tune's: of its scheme's code too
+                expected.append(("finetune_source", finetune_sources[r["run_id"]]))
             wrong = [(field, r.get(field), key) for field, key in expected if r.get(field) != key]
             if wrong:
                 stale[wrong[0]] += 1

@@ -73,7 +73,8 @@ def open_data(job: Plan, device: torch.device) -> tuple[TrainingData, DataKey]:
         scorer = lm_scorer(stream, batch_tokens, device)
         target_bytes = corpus.tokenizer.count_bytes(stream[1:].numpy())
         data = TrainingData(corpus, stream, scorer, target_bytes)
-    return data, DataKey(corpus.sha, data.tokenizer.fingerprint, job.pe_source)
+    tokens = data.tokenizer.fingerprint
+    return data, DataKey(corpus.sha, tokens, job.pe_source, finetune_sources=job.finetune_sources)
 
 
 def train_and_evaluate(ctx: RunContext, todo: dict[str, list[EvalTask]]) -> None:
@@ -109,14 +110,16 @@ def train_and_evaluate(ctx: RunContext, todo: dict[str, list[EvalTask]]) -> None
 STEPS = Steps(open_data, train_and_evaluate)
 
 
-def fit_args(ctx: RunContext, run_id: str, finetune: str | None = None) -> dict[str, Any]:
-    """``fit``'s checkpointing and process arguments for a run id (or a fine-tune's)."""
+def fit_args(ctx: RunContext, run_id: str, finetune: Finetune | None = None) -> dict[str, Any]:
+    """``fit``'s checkpointing and process arguments for a run id (or a fine-tune's, whose
+    checkpoint is also of its scheme's code: an edited fine-tune scheme trains afresh)."""
     job: Plan = ctx.job
     tokenizer, corpus_sha = ctx.data.tokenizer, ctx.data.corpus.sha
     tokens = "" if tokenizer.name == BYTE else f"-{tokenizer.fingerprint}"
+    tuned = f"-{finetune.source}" if finetune else ""
     return {
-        "checkpoint": ctx.store.checkpoint(finetune),
-        "fingerprint": f"{run_id}-{corpus_sha}-{job.pe_source}{tokens}",
+        "checkpoint": ctx.store.checkpoint(finetune.key if finetune else None),
+        "fingerprint": f"{run_id}-{corpus_sha}-{job.pe_source}{tuned}{tokens}",
         "world": ctx.world,
         "resume": not job.cfg.force,
     }
@@ -212,7 +215,7 @@ def _finetune(
             ft.train,
             ctx.device,
             desc=f"finetune {name}",
-            **fit_args(ctx, ft.run_id, ft.key),
+            **fit_args(ctx, ft.run_id, ft),
         )
     except Diverged as err:
         _record_diverged(ctx, fields, tasks, err)

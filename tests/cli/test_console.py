@@ -5,6 +5,7 @@ interrupts it at random moments)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -13,7 +14,8 @@ import time
 
 import pytest
 
-from pe_bench.cli import check, place, report
+from pe_bench.cli import bench, check, place, report
+from pe_bench.cli import console as console_module
 from pe_bench.cli.console import INTERRUPTED, RESUME, console
 from tests.helpers import TINY, overridden
 
@@ -171,3 +173,63 @@ def test_ctrl_c_in_training_is_one_line_and_the_rerun_resumes(tmp_path):
     rerun = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "resumed at step" in rerun.stdout + rerun.stderr
+
+
+def raise_caused_by_ctrl_c(how: str) -> None:
+    """An error that a Ctrl-C caused: raised while its ``KeyboardInterrupt`` unwound
+    (``__context__``), from it (``__cause__``), or a step further down the chain."""
+    try:
+        raise KeyboardInterrupt  # the Ctrl-C, while an extension loads
+    except KeyboardInterrupt as ctrl_c:
+        if how == "cause":
+            raise ImportError("cannot import name '_C' (partially initialized)") from ctrl_c
+        if how == "context":
+            raise ImportError("cannot import name '_C' (partially initialized)")  # noqa: B904
+        try:
+            raise ImportError("cannot import name '_C' (partially initialized)")
+        except ImportError as err:
+            raise RuntimeError("pe_bench.positions failed to load") from err
+
+
+@pytest.mark.parametrize("how", ["cause", "context", "deeper"])
+def test_an_error_a_ctrl_c_caused_is_the_ctrl_c_s_one_line(how, capsys):
+    """A Ctrl-C while an extension imports can surface as another error (torch's ImportError
+    of a partially initialised module): the KeyboardInterrupt in its chain makes it the
+    Ctrl-C's one line and status 130, not a traceback; an error without one is raised."""
+    with pytest.raises(SystemExit) as done, console("pe-bench"):
+        raise_caused_by_ctrl_c(how)
+    assert done.value.code == INTERRUPTED
+    assert capsys.readouterr().err == f"pe-bench: interrupted; {RESUME}\n"
+    with pytest.raises(ImportError, match="no module"), console("pe-bench"):
+        raise ImportError("no module named 'x'")
+
+
+TORN_IMPORT = """
+from tests.cli.test_console import raise_caused_by_ctrl_c
+
+raise_caused_by_ctrl_c("context")
+"""
+
+
+def test_launch_answers_a_ctrl_c_during_an_import_with_its_one_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "torn_import.py").write_text(TORN_IMPORT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(console_module, "end_on_ctrl_c", lambda status: None)  # pytest's SIGINT
+    with pytest.raises(SystemExit) as done:
+        console_module.launch("x", "torn_import")
+    assert done.value.code == INTERRUPTED
+    assert capsys.readouterr().err == f"x: interrupted; {RESUME}\n"
+
+
+def test_pe_bench_answers_a_ctrl_c_surfaced_in_its_job_with_its_one_line(monkeypatch, capsys):
+    """pe-bench hands an error of its job to Hydra's report (a traceback, status 1), but one
+    that a Ctrl-C caused to console's one line."""
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)  # run_command sets it: restored
+    monkeypatch.setattr(logging, "raiseExceptions", True)  # and this
+    monkeypatch.setattr(bench, "check_command", lambda argv: None)
+    monkeypatch.setattr(bench, "hydra_main", lambda: raise_caused_by_ctrl_c("context"))
+    monkeypatch.setattr(sys, "argv", ["pe-bench", "pe=nope"])
+    with pytest.raises(SystemExit) as done:
+        bench.main()
+    assert done.value.code == INTERRUPTED
+    assert capsys.readouterr().err == f"pe-bench: interrupted; {RESUME}\n"

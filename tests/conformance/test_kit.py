@@ -225,6 +225,8 @@ def small_cost(timer, scheme, options=None, plugin=None):
         ("xl", "mask"),
         ("cope", "mask"),
         ("dape_alibi", "explicit"),
+        ("rerope", "windowed"),  # its branches by blocks, modify_logits's numbers
+        ("streaming_llm", "windowed"),
         ("ssmax_alibi", "mask"),
         ("irope", "mask"),  # its attention_mask hides keys: float masks, no fused path
     ],

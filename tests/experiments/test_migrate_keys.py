@@ -123,3 +123,56 @@ def test_a_fine_tuned_record_gets_its_fine_tune_scheme_s_caveat_where_the_number
     assert list(record) == ["git_sha", "final_val_loss", "caveat", "finetune"]
     trained = {"git_sha": "abc", "caveat": "rope's"}
     assert not migrate._finetune_caveat(folder, trained, verdicts) and trained["caveat"] == "rope's"
+
+
+class KeyedBefore(FineTuned):
+    """A job folder of a rope model and its ``drope`` fine-tune, whose records were written
+    before they carried ``finetune_source``."""
+
+    def __init__(self, migrate) -> None:
+        super().__init__(migrate, "")
+        dims = {"d_model": 32, "head_dim": 8, "train_len": 64}
+        self.ft_item = migrate._scheme_item({"name": "drope"}, dims)
+        made = {"git_sha": "abc", "variant": "none", "config_hash": "h", "pe_source": "k1"}
+        tuned = {"finetune": "drope", "finetune_lr": 2e-4, "final_val_loss": 1.0}
+        self.records = [{"run_id": "a", **made}, {"run_id": "a:drope", **made, **tuned}]
+        self.positions: list = []
+        self.pe_source, self.finetune_sources = "k1", {"a:drope": "f1"}
+        self.variants = {"none": ("", "")}
+        self.pe_options = self.caveat = None
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_a_fine_tuned_record_gets_the_key_of_its_fine_tune_scheme_where_the_numbers_hold(
+    migrate, same
+):
+    """A fine-tuned record gets ``finetune_source`` (after ``finetune_lr``, where runs put it)
+    only where its fine-tune scheme's code at its commit computes today's numbers; else it
+    keeps what it has and the next run recomputes it. A second pass changes nothing."""
+    folder = KeyedBefore(migrate)
+    trained, tuned = (dict(r) for r in folder.records)
+    note = "" if same else "numbers differ"
+    verdicts = {("abc", migrate._item_id(folder.ft_item)): (same, note)}
+    counts = migrate.migrate_folder(folder, verdicts, {})
+    assert folder.records[0] == trained and counts["already under today's key"] == 1
+    if same:
+        assert counts["migrated"] == 1
+        assert list(folder.records[1]) == [*list(tuned)[:7], "finetune_source", "final_val_loss"]
+        assert folder.records[1]["finetune_source"] == "f1"
+        again = migrate.migrate_folder(folder, verdicts, {})
+        assert again == {"already under today's key": 2}
+    else:
+        assert folder.records[1] == tuned
+        assert [w for w in counts if w.startswith("not migrated")] == [
+            "not migrated: its fine-tune scheme drope() [d_model 32, head_dim 8, L 64] at abc: "
+            "numbers differ"
+        ]
+
+
+def test_a_commit_missing_from_the_repository_is_known_as_missing(migrate):
+    """A record made at an unlanded commit (results/zoo's pope, at 6b7ef72) cannot have its
+    code compared: its items say so instead of the script stopping on git's error."""
+    head = migrate.subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    assert migrate.known(head) and not migrate.known("6b7ef72c8ad3ba3e34769a7fe10ba853e2b75b97")

@@ -44,6 +44,7 @@ def test_every_scheme_runs_at_four_times_training_length(name, make):
 
 # The function ``attend`` calls on each path ``attention_path`` names.
 PATH_FUNCTIONS = {
+    "windowed": "windowed_attention",
     "explicit": "explicit_attention",
     "mask": "biased_attention",
     "key_bias": "key_biased_attention",

@@ -16,8 +16,9 @@ import pytest
 
 from pe_bench.conformance import assert_conforms
 from pe_bench.errors import UserError
+from pe_bench.files import read_jsonl
 from pe_bench.positions import scheme_class
-from pe_bench.records import load_records
+from pe_bench.records import RECORDS, load_records
 from pe_bench.report.build import build_report
 from tests.helpers import ROOT, TINY, pe_bench
 
@@ -240,3 +241,33 @@ def test_a_plugins_helper_module_is_part_of_its_key(tmp_path):
     after = load_records(tmp_path / "out")
     assert len(after) == len(before) and set(after["pe_source"]) != set(before["pe_source"])
     assert not after["nll"].equals(before["nll"])
+
+
+@pytest.mark.slow
+def test_editing_a_fine_tune_scheme_retrains_the_fine_tune_and_nothing_else(tmp_path):
+    """A fine-tune's scheme's code keys its records and checkpoint (``finetune_source``), as a
+    variant's does its records: after an edit the fine-tune is trained afresh and its records
+    recomputed, while the trained model's records and checkpoint are found, not redone (its
+    records were keyed by the trained scheme alone, so the edited fine-tune's were kept)."""
+    (tmp_path / "edited_pi.py").write_text(VARIANT_PLUGIN.format(scale=1.0))
+    tuned = ["+finetune@finetunes.pi=pi", "finetunes.pi.pe.name=edited_pi"]
+    tuned += ["+finetunes.pi.pe.plugin=edited_pi", "finetunes.pi.steps=2"]
+    args = ["pe=rope", *tuned, "finetunes.pi.warmup_steps=1", "eval.variants=null", *TINY]
+    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    first = pe_bench(*args, out=tmp_path / "out", env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    (records,) = (tmp_path / "out").rglob(RECORDS)
+    before = read_jsonl(records)
+    (tmp_path / "edited_pi.py").write_text(VARIANT_PLUGIN.format(scale=0.5))
+    edited = pe_bench(*args, out=tmp_path / "out", env=env)
+    assert edited.returncode == 0, edited.stderr[-2000:]
+    log = edited.stderr + edited.stdout
+    assert "3 records stale, recomputed: finetune_source" in log
+    assert "train rope: resumed at step 3 of 3" in log  # the trained model's checkpoint
+    assert "checkpoint-pi.pt belongs to another config; training from scratch" in log
+    after = read_jsonl(records)
+    assert [r for r in after if "finetune" not in r] == [r for r in before if "finetune" not in r]
+    old, new = ([r for r in rows if "finetune" in r] for rows in (before, after))
+    assert [r["eval_len"] for r in new] == [r["eval_len"] for r in old] == [16, 32, 64]
+    assert {r["finetune_source"] for r in new}.isdisjoint(r["finetune_source"] for r in old)
+    assert all(a["nll"] != b["nll"] for a, b in zip(old, new, strict=True))  # new code, numbers

@@ -120,6 +120,33 @@ def test_records_of_other_code_or_without_its_key_are_stale_and_the_log_says_why
     assert "1 records stale, recomputed: no variant_source" in caplog.text
 
 
+def test_a_fine_tunes_records_are_kept_under_the_key_of_its_scheme_s_code(tmp_path, caplog):
+    """A planned fine-tune's record (by its run id) is kept only under the key of its
+    fine-tuning scheme's code (``finetune_source``): one of other code or without the key is
+    recomputed; the trained model's records, which carry none, are not asked for it."""
+    rows = [
+        {**record("a", 16), "pe_source": "k1"},
+        {**record("a:ft", 16), "pe_source": "k1", "finetune_source": "f1"},
+        {**record("a:ft", 32), "pe_source": "k1", "finetune_source": "f0"},
+        {**record("a:ft", 64), "pe_source": "k1"},
+    ]
+    write_jsonl(tmp_path / RECORDS, rows)
+    with caplog.at_level(logging.INFO, logger="pe_bench.run.store"):
+        again = RunStore(
+            tmp_path,
+            ["a", "a:ft"],
+            "c1",
+            fresh=False,
+            pe_source="k1",
+            finetune_sources={"a:ft": "f1"},
+        )
+    assert [(r["run_id"], r["eval_len"]) for r in again.records] == [("a", 16), ("a:ft", 16)]
+    assert "1 records stale, recomputed: finetune_source f0, the code's key is now f1" in (
+        caplog.text
+    )
+    assert "1 records stale, recomputed: no finetune_source" in caplog.text
+
+
 def test_a_record_without_the_key_of_its_code_is_recomputed(tmp_path, tiny_config, caplog):
     """A record written before records carried the key is not served: the run computes it
     again (and writes it with the key), once."""
@@ -134,6 +161,41 @@ def test_a_record_without_the_key_of_its_code_is_recomputed(tmp_path, tiny_confi
     assert "1 of 3 records to compute" in caplog.text
     assert len(again) == 3 and {r["pe_source"] for r in again} == {records[0]["pe_source"]}
     assert len(rows(tmp_path, POSITIONS)) == 3
+
+
+TUNED = ["pe=rope", "+finetune@finetunes.pi=pi", "+finetune@finetunes.ft=ft", "eval.variants=null"]
+TUNED += [
+    f"finetunes.{key}.{field}=1" for key in ("pi", "ft") for field in ("steps", "warmup_steps")
+]
+
+
+def test_a_fine_tune_record_without_the_key_of_its_scheme_s_code_is_recomputed(
+    tmp_path, tiny_config, caplog
+):
+    """Each fine-tune's records carry the key of its scheme's code (PI's; FT fine-tunes with
+    the trained scheme, so rope's); one written without it is computed again, from the
+    fine-tune's checkpoint, which that code made: the same numbers."""
+    cfg = tiny_config(*TUNED)
+    job = plan(cfg)
+    sources = {ft.key: ft.source for ft in job.finetunes}
+    assert sources == {"pi": scheme_key(job.cfg.finetunes["pi"].pe), "ft": job.pe_source}
+    records = bench.run(cfg, tmp_path)
+    tuned = [r for r in records if "finetune" in r]
+    assert {(r["finetune"], r["finetune_source"]) for r in tuned} == set(sources.items())
+    (lost,) = [r for r in tuned if r["finetune"] == "pi" and r["eval_len"] == 32]
+    write_jsonl(
+        tmp_path / RECORDS,
+        [
+            r if r is not lost else {k: v for k, v in r.items() if k != "finetune_source"}
+            for r in records
+        ],
+    )
+    with caplog.at_level(logging.INFO):
+        again = bench.run(cfg, tmp_path)
+    assert "1 records stale, recomputed: no finetune_source" in caplog.text
+    assert "finetune rope:pi: resumed at step 1 of 1" in caplog.text
+    assert again[:-1] == [r for r in records if r is not lost]
+    assert again[-1]["finetune_source"] == sources["pi"] and again[-1]["nll"] == lost["nll"]
 
 
 def test_a_variant_is_named_by_its_config_and_kept_under_the_key_of_its_code(tiny_config):

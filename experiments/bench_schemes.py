@@ -1,7 +1,8 @@
 """Every label of the zoo timed side by side in one process: the trained schemes of
-``experiment=zoo`` and the eval-time variants of its rope run, at the quick suite's shape.
+``experiment=zoo``, the eval-time variants of its rope run and its fine-tune (DroPE), at the
+quick suite's shape.
 
-    /work/bin/cpuslot python experiments/bench_schemes.py       # results/bench/schemes_cpu.*
+    OMP_NUM_THREADS=1 python experiments/bench_schemes.py       # results/bench/schemes_cpu.*
     python experiments/bench_schemes.py --labels rope,fox --repeats 1 --out /tmp/bench
 
 For each label: training tokens/s (a step of 32 x 64 tokens: AdamW, clipping; not for an
@@ -62,8 +63,9 @@ EVAL_LENGTHS = (1024, 8192)
 
 
 def zoo_labels() -> tuple[dict[str, dict], dict]:
-    """Every label of ``experiment=zoo`` with its pe config (a variant's as ``rope+<key>``),
-    in the sweep's order, and the model config, composed from ``conf/`` as pe-bench does."""
+    """Every label of ``experiment=zoo`` with its pe config (a variant's as ``rope+<key>``, a
+    fine-tune's as ``rope:<key>``, as their records are labelled), in the sweep's order, and the
+    model config, composed from ``conf/`` as pe-bench does."""
     from hydra import compose, initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
@@ -79,6 +81,8 @@ def zoo_labels() -> tuple[dict[str, dict], dict]:
                 labels[name] = OmegaConf.to_container(cfg.pe, resolve=True)
             for key, pe in OmegaConf.to_container(zoo.eval.variants, resolve=True).items():
                 labels[f"rope+{key}"] = pe
+            for key, finetune in OmegaConf.to_container(zoo.finetunes, resolve=True).items():
+                labels[f"rope:{key}"] = finetune["pe"]
             model = OmegaConf.to_container(zoo.model, resolve=True)
     finally:
         GlobalHydra.instance().clear()
@@ -162,12 +166,13 @@ def refusals(models: dict[str, GPT], lengths: list[int]) -> dict[tuple[str, str]
 
 
 def steps_of(models: dict[str, GPT], args: argparse.Namespace) -> dict[tuple[str, str], Callable]:
-    """(label, what) -> the call to time: ``train`` (trained schemes only), ``eval<L>`` (the
-    lengths its config serves)."""
+    """(label, what) -> the call to time: ``train`` (trained schemes and fine-tunes: a
+    fine-tune's steps are training steps with its scheme), ``eval<L>`` (the lengths its config
+    serves)."""
     steps = {}
     refused = refusals(models, args.eval_lengths)
     for label, model in models.items():
-        if model.pe.variant_of is None:
+        if "+" not in label:  # an eval-time variant is never trained; a fine-tune (DroPE) is
             steps[(label, "train")] = train_step(model, args.batch, args.train_len, args.device)
         for length in args.eval_lengths:
             if (label, f"eval{length}") not in refused:

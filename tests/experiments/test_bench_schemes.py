@@ -28,11 +28,13 @@ def bench():
 @pytest.mark.slow  # 14 s: hydra composes the zoo's configs
 def test_the_labels_are_the_zoo_s(bench):
     """conf/experiment/zoo.yaml is the one list: its sweep's schemes in its order, each with
-    its own pe config, then rope+<key> for RoPE and each eval-time variant it adds."""
+    its own pe config, then rope+<key> for RoPE and each eval-time variant it adds, then
+    rope:<key> for each fine-tune (DroPE: the scheme it recalibrates with)."""
     labels, model = bench.zoo_labels()
     zoo = OmegaConf.load(ZOO)
     sweep = zoo.hydra.sweeper.params.pe.split(",")
-    trained = [label for label in labels if "+" not in label]
+    trained = [label for label in labels if "+" not in label and ":" not in label]
+    assert labels["rope:drope"]["name"] == "drope" and list(labels)[-1] == "rope:drope"
     assert trained == sweep and trained[:2] == ["nope", "sinusoidal"]
     assert all(labels[name]["name"] == name for name in trained)
     added = [key.rpartition(".")[2] for entry in zoo.defaults for key in entry if "@eval" in key]

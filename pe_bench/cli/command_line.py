@@ -59,6 +59,7 @@ def check_command(argv: list[str]) -> Command | None:
                 f"{arg!r} is not UTF-8 text; allowed: UTF-8 keys and values (paths too)"
             ) from err
     args = _hydra_args(argv)
+    _check_one_mode(args)
     elsewhere = (args.config_path, args.config_name, args.config_dir, args.experimental_rerun)
     if args.help or args.hydra_help or args.shell_completion or args.info or any(elsewhere):
         return None
@@ -122,6 +123,24 @@ def _hydra_args(argv: list[str]) -> argparse.Namespace:
 
     parser.error = refuse  # type: ignore[method-assign]
     return parser.parse_args(argv)  # as Hydra parses them
+
+
+def _check_one_mode(args: argparse.Namespace) -> None:
+    """Refuse two of Hydra's modes at once (``-m --cfg hydra``), which Hydra itself answers
+    with a traceback (its ValueError, raised after the command line was parsed)."""
+    modes = {
+        "--run": args.run,
+        "--multirun": args.multirun,
+        "--cfg": args.cfg is not None,
+        "--info": args.info is not None,
+        "--shell-completion": args.shell_completion,
+    }
+    given = [flag for flag, on in modes.items() if on]
+    if len(given) > 1:
+        raise UserError(
+            f"{' and '.join(given)} given together; allowed: one of {', '.join(modes)}, e.g. "
+            "pe-bench -m pe=rope,alibi to sweep, or pe-bench --cfg job pe=rope to print a config"
+        )
 
 
 def parsed_overrides(lines: list[str]) -> list[Override]:

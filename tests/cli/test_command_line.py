@@ -106,6 +106,19 @@ def test_bad_input_is_refused_before_training(tmp_path, tiny_config, args, messa
     assert not [path for path in tmp_path.iterdir() if path.name != ".lock"]
 
 
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["-m", "--cfg", "hydra"], "--multirun and --cfg given together"),
+        (["--run", "--info", "all"], "--run and --info given together"),
+    ],
+)
+def test_two_of_hydras_modes_at_once_are_one_line(flags, said):
+    # Hydra raised its ValueError ("Only one of --run, --multirun, --cfg ...") as a traceback
+    with pytest.raises(UserError, match=re.escape(said) + ".*allowed: one of --run, --multirun"):
+        check_command([*flags, "pe=rope"])
+
+
 def test_a_plugin_with_a_syntax_error_is_one_line(tmp_path, monkeypatch, tiny_config):
     (tmp_path / "bad_syntax.py").write_text("def broken(:\n")
     monkeypatch.syspath_prepend(str(tmp_path))

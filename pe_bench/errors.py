@@ -16,6 +16,24 @@ class UserError(ValueError):
     """Bad input from the user (config, data, arguments): printed as one line, never a traceback."""
 
 
+def from_ctrl_c(err: BaseException) -> bool:
+    """Whether a ``KeyboardInterrupt`` is in ``err``'s chain (``__cause__``, ``__context__``):
+    a Ctrl-C while an extension imports, or while a library unwinds, can surface as the error
+    raised in its place (an ``ImportError``, a ``RuntimeError``), which was the user's Ctrl-C
+    all the same."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [err]
+    while todo:
+        each = todo.pop()
+        if each is None or id(each) in seen:
+            continue
+        if isinstance(each, KeyboardInterrupt):
+            return True
+        seen.add(id(each))
+        todo += [each.__cause__, each.__context__]
+    return False
+
+
 def os_message(err: OSError, folder: object = None) -> str:
     """An ``OSError`` as one line naming the file and the reason (``No space left on device``,
     ``Read-only file system``, ...); an error that names no file (a write to a full disk, in

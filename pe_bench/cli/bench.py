@@ -17,7 +17,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -25,9 +25,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from pe_bench.cli.command_line import announce, check_command
-from pe_bench.cli.console import console, from_ctrl_c
+from pe_bench.cli.console import console
+from pe_bench.cli.failure import fail, job_failed
 from pe_bench.cli.hydra_private import report_as_hydra
-from pe_bench.errors import UserError, os_message
+from pe_bench.errors import UserError, from_ctrl_c, os_message
 from pe_bench.pretrained import evaluate as pretrained
 from pe_bench.pretrained.plan import plan_pretrained
 from pe_bench.provenance import git_sha
@@ -35,7 +36,7 @@ from pe_bench.run import job, trained
 from pe_bench.run.config import CONF_DIR, RunConfig
 from pe_bench.run.distributed import rank_from_env
 from pe_bench.run.plan import plan
-from pe_bench.run.store import failure_line, first_missing, record_failure, remove_refused
+from pe_bench.run.store import first_missing, record_failure, remove_refused
 
 log = logging.getLogger("pe_bench")
 
@@ -61,8 +62,7 @@ def run(cfg: DictConfig | RunConfig, out_dir: Path, sweep: bool = False) -> list
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def hydra_main(cfg: DictConfig) -> None:
-    """One Hydra job: ``run`` it, and end a bad input (or a file that cannot be written) with
-    one line and status 2; in a sweep, the job is marked failed and the sweep goes on."""
+    """One Hydra job: ``run`` it; a failure ends as ``job_failed`` says."""
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     if rank_from_env() != 0:  # one log per run under torchrun: rank 0's
@@ -70,34 +70,8 @@ def hydra_main(cfg: DictConfig) -> None:
     sweep = hydra_cfg.mode == RunMode.MULTIRUN
     try:
         run(cfg, out_dir, sweep=sweep)
-    except (UserError, OSError) as caught:
-        err = caught if isinstance(caught, UserError) else UserError(os_message(caught, out_dir))
-        if sweep:
-            log.error("error: %s", err)  # and error.txt: the sweep goes on
-            return
-        log_to_files(f"error: {err}")  # the console gets it once, on stderr
-        fail(err)
-    except Exception as err:  # a bug (a plugin's, say): one job of a sweep fails, not all
-        if not sweep:
-            raise
-        log_to_files("the job failed:", exc_info=err)  # the traceback, in the job's cli.log
-        log.error("error: %s", failure_line(err, out_dir))  # and error.txt: the sweep goes on
-
-
-def log_to_files(message: str, exc_info: BaseException | None = None) -> None:
-    """``message`` (with ``exc_info``'s traceback) as an error in the log files (the job's
-    ``cli.log``), not on the console."""
-    info = (type(exc_info), exc_info, exc_info.__traceback__) if exc_info else None
-    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, info)
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.handle(record)
-
-
-def fail(err: UserError) -> NoReturn:
-    """End the command with ``err`` in one line and status 2."""
-    print(f"pe-bench: error: {err}", file=sys.stderr)
-    sys.exit(2)
+    except Exception as err:
+        job_failed(err, out_dir, sweep)
 
 
 def main() -> None:

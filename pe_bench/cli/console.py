@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterator
 from typing import NoReturn
 
-from pe_bench.errors import UserError
+from pe_bench.errors import UserError, from_ctrl_c
 
 INTERRUPTED = 130  # 128 + SIGINT: the status a shell gives a command that Ctrl-C ended
 RESUME = "rerun the same command to resume (finished records and checkpoints are kept)"
@@ -59,24 +59,6 @@ def interrupted(prog: str, rerun: str) -> NoReturn:
     fresh_line = "\n" if sys.stderr.isatty() else ""  # after the terminal's ^C
     print(f"{fresh_line}{prog}: interrupted; {rerun}", file=sys.stderr)
     sys.exit(INTERRUPTED)
-
-
-def from_ctrl_c(err: BaseException) -> bool:
-    """Whether a ``KeyboardInterrupt`` is in ``err``'s chain (``__cause__``, ``__context__``):
-    a Ctrl-C while an extension imports, or while a library unwinds, can surface as the error
-    raised in its place (an ``ImportError``, a ``RuntimeError``), which was the user's Ctrl-C
-    all the same."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [err]
-    while todo:
-        each = todo.pop()
-        if each is None or id(each) in seen:
-            continue
-        if isinstance(each, KeyboardInterrupt):
-            return True
-        seen.add(id(each))
-        todo += [each.__cause__, each.__context__]
-    return False
 
 
 def launch(prog: str, module: str, rerun: str = RESUME) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 from pe_bench.config import check_value
-from pe_bench.errors import UserError
+from pe_bench.errors import UserError, from_ctrl_c
 from pe_bench.positions import (  # noqa: F401  (importing registers the built-ins)
     absolute,
     bias,
@@ -74,6 +74,8 @@ def load_plugin(module: str, where: str = "pe.plugin") -> None:
     try:
         importlib.import_module(module)
     except Exception as err:
+        if from_ctrl_c(err):  # the user's Ctrl-C during the import, not the module's fault
+            raise
         raise UserError(f"{where}={module!r} does not import: {_one_line(err)}") from err
 
 

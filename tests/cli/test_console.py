@@ -233,3 +233,37 @@ def test_pe_bench_answers_a_ctrl_c_surfaced_in_its_job_with_its_one_line(monkeyp
         bench.main()
     assert done.value.code == INTERRUPTED
     assert capsys.readouterr().err == f"pe-bench: interrupted; {RESUME}\n"
+
+
+def test_a_plugin_import_a_ctrl_c_tore_is_the_ctrl_c_not_a_bad_plugin(
+    tmp_path, monkeypatch, capsys
+):
+    """load_plugin said "does not import" (status 2) for a module whose import the user's
+    Ctrl-C tore; the command line's check loads the plugin, so this is what pe-bench said."""
+    (tmp_path / "torn_plugin.py").write_text(TORN_IMPORT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["pe-bench", "+pe.plugin=torn_plugin", *TINY])
+    with pytest.raises(SystemExit) as done:
+        bench.main()
+    assert done.value.code == INTERRUPTED
+    assert capsys.readouterr().err == f"pe-bench: interrupted; {RESUME}\n"
+
+
+def test_a_ctrl_c_surfaced_in_a_sweep_s_job_ends_the_sweep(tmp_path, monkeypatch, capsys):
+    """A sweep logged such a job as failed and went on to the next job."""
+    jobs = []
+
+    def torn_job(cfg, out_dir, sweep):
+        jobs.append(cfg.pe.name)
+        raise_caused_by_ctrl_c("cause")
+
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)  # run_command sets it: restored
+    monkeypatch.setattr(logging, "raiseExceptions", True)  # and this
+    monkeypatch.setattr(bench, "check_command", lambda argv: None)
+    monkeypatch.setattr(bench, "run", torn_job)
+    argv = ["-m", "pe=rope,alibi", *TINY, f"out_root={tmp_path}"]
+    monkeypatch.setattr(sys, "argv", ["pe-bench", *argv])
+    with pytest.raises(SystemExit) as done:
+        bench.main()
+    assert done.value.code == INTERRUPTED and jobs == ["rope"]
+    assert capsys.readouterr().err.endswith(f"pe-bench: interrupted; {RESUME}\n")

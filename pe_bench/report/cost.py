@@ -59,7 +59,8 @@ def per_run(df: pd.DataFrame) -> pd.DataFrame:
     """One row per (label, run) of the ok records: the run's cost fields and its evaluation
     rate at each length."""
     ok = df[df["status"] == "ok"].dropna(subset=["eval_len"])
-    keys = [k for k in ("task", "label") if k in ok]
+    # a task column no record here fills (RULER's, read beside perplexity) is not a key
+    keys = [k for k in ("task", "label") if k in ok and ok[k].notna().any()]
     runs = ok.drop_duplicates([*keys, "run_id"])[[*keys, "run_id"]].set_index([*keys, "run_id"])
     first = ok.groupby([*keys, "run_id"]).first()
     for column, _, fields, _ in RUN_COSTS:

@@ -46,6 +46,14 @@ def test_costs_are_medians_of_what_the_records_hold():
     assert table.loc["rope+pi", "train_tokens_per_s"] == pytest.approx(96.0)  # its checkpoint's
 
 
+def test_a_task_column_no_perplexity_record_fills_leaves_every_row():
+    """A pretrained run's RULER records, read with its perplexity ones, leave a ``task`` column
+    that is empty on every perplexity record: the table grouped by it and had no row."""
+    table = cost.cost_table(prepared(rows()).assign(task=None))
+    assert list(table["label"]) == ["rope", "rope+pi", "alibi"] and "task" not in table
+    assert table.set_index("label").loc["alibi", "n"] == 3
+
+
 def test_the_notes_name_the_hardware_and_what_is_missing():
     df = prepared([{k: v for k, v in r.items() if k != "peak_mem_mb"} for r in rows()])
     table = cost.cost_table(df)

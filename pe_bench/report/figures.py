@@ -273,7 +273,9 @@ def position_figure(
         loss = "loss (nats/token)"
         row[0].set_ylabel(f"{family}\n{loss}" if family else loss)
         _side_legend(row[-1])
-    fig.suptitle(f"{title} (dotted line: training length {train_len}; bands: 95% interval)")
+    fig.suptitle(
+        f"{title} (dotted line: training length {train_len}; bands: 95% interval)", wrap=True
+    )
     footnote(fig, note)
     return fig
 

@@ -120,6 +120,21 @@ def test_position_figure_has_a_panel_per_eval_length():
     assert all(len(labelled_lines(ax)) == 2 for ax in panels)
 
 
+def test_the_position_title_of_two_window_lengths_fits_its_figure():
+    """A pretrained model at 1x and 2x (results/smollm2) has two panels: the one-line title
+    ran past both edges of the figure."""
+    rows = [
+        {"label": "model", "eval_len": length, "position": p, "loss": 1.0}
+        for length in (8192, 16384)
+        for p in (1, 2, 4)
+    ]
+    with figures.theme():  # the report's fonts
+        fig = figures.position_figure(pd.DataFrame(rows), styles(["model"]), 8192)
+        renderer = FigureCanvasAgg(fig).get_renderer()
+        title, page = fig._suptitle.get_window_extent(renderer), fig.bbox
+    assert page.x0 <= title.x0 and title.x1 <= page.x1
+
+
 @pytest.mark.slow  # draws nine panels of 20 lines
 def test_many_labels_by_position_are_a_row_per_family_with_intervals():
     """Issue 41: the zoo's 39 lines in each position panel, no intervals, the title running

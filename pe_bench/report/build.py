@@ -68,7 +68,7 @@ from pe_bench.report.inputs import (
     report_lock,
     training_length,
 )
-from pe_bench.report.markdown import SKIPPED_NOTE, caption, write_csv
+from pe_bench.report.markdown import SKIPPED_NOTE, caption, replicate, write_csv
 from pe_bench.report.metrics import spec
 from pe_bench.report.passkey import section as passkey_section
 from pe_bench.report.ruler import section as ruler_section
@@ -254,8 +254,8 @@ def write_latex(folder: Path, report: Report, diverged: str) -> list[Path]:
     keyed = {(lab, "score"): mark for lab, mark in marks.items()}
     title = (
         "Extrapolation score: mean NLL over the eval lengths "
-        f"{', '.join(map(str, aggregate.score_grid(df)))} per run, then the mean over seeds "
-        "[95% CI]; lower is better."
+        f"{', '.join(map(str, aggregate.score_grid(df)))} per run, then the mean over "
+        f"{replicate(df)}s [95% CI]; lower is better."
     )
     text = score_markdown(tables["score"])
     notes = [legend(marks, "score"), *notes]

@@ -47,15 +47,23 @@ def typical_n(stats: pd.DataFrame) -> int:
     return max(counts, key=lambda n: (counts[n], n)) if counts else 0
 
 
+def replicate(df: pd.DataFrame) -> str:
+    """What a table's intervals are over: the seeds of trained models, the test slices
+    (documents) a pretrained model (``model=hf``) is evaluated on."""
+    pretrained = "pretrained" in df and bool(df["pretrained"].fillna(False).astype(bool).all())
+    return "test slice" if pretrained else "seed"
+
+
 def caption(stats: pd.DataFrame, metric: str, df: pd.DataFrame) -> str:
     """How the cells of a value table were computed, in one line."""
-    n = typical_n(stats)
+    n, unit = typical_n(stats), replicate(df)
     geometric = metrics.spec(metric).over_seeds == metrics.GEOMETRIC
-    how = "geometric mean over seeds" if geometric else "mean over seeds"
+    how = f"{'geometric mean' if geometric else 'mean'} over {unit}s"
     ci = " with [95% CI] from the t-distribution" if n > 1 else ""
+    trained = "context" if unit == "test slice" else "trained at"
     return (
-        f"trained at L = {shared_value(df, 'train_len')} tokens, {shared_value(df, 'mode')} "
-        f"windows, {how}{ci}, n = {n} seed{'s' if n != 1 else ''} per cell"
+        f"{trained} L = {shared_value(df, 'train_len')} tokens, {shared_value(df, 'mode')} "
+        f"windows, {how}{ci}, n = {n} {unit}{'s' if n != 1 else ''} per cell"
     )
 
 

@@ -29,6 +29,7 @@ from pe_bench.report.markdown import (
     format_value,
     markdown_table,
     one_cell,
+    replicate,
     shared_count,
     shared_value,
     typical_n,
@@ -129,7 +130,7 @@ def summary_markdown(
             f"{training_length(df)} tokens), not trained here, evaluated on `"
             f"{shared_value(df, 'corpus')}` with {windows_phrase(opts.mode, lengths, df)} on "
             f"{count(len(runs), 'disjoint test slice')} of {shared_count(df, 'tokens')} tokens "
-            "each (the seeds of the tables: their intervals are over slices). A label "
+            "each (the tables' intervals are over these slices). A label "
             "`model+variant` is an eval-time RoPE variant applied to the pretrained model."
         ) + weights_markdown(df)
     return (
@@ -192,9 +193,10 @@ def tables_markdown(df: pd.DataFrame, report: Report) -> list[str]:
         *note,
         "## Extrapolation score",
         "",
-        f"Mean {score_unit} over the eval lengths {grid} per run, then the "
-        "mean over seeds; lower is better, best first. Scores equal to the digits shown share "
-        "a rank (marked =); which differences the seeds support is in the next section.",
+        f"Mean {score_unit} over the eval lengths {grid} per run, then the mean over "
+        f"{replicate(df)}s; lower is better, best first. Scores equal to the digits shown share "
+        f"a rank (marked =); which differences the {replicate(df)}s support is in the next "
+        "section.",
         "",
         score_markdown(report.tables["score"]),
         "",

@@ -7,7 +7,7 @@ import pandas as pd
 
 from pe_bench.report import aggregate, metrics
 from pe_bench.report.inputs import Report
-from pe_bench.report.markdown import markdown_table
+from pe_bench.report.markdown import markdown_table, replicate
 
 
 def pairwise_tables(
@@ -23,6 +23,13 @@ def pairwise_tables(
     return {"pairwise": pairs, "ranks": ranks}
 
 
+# What a pair of schemes shares in one replicate of a paired test
+PAIRED_ON = {
+    "seed": "the same seed: the same data order, trunk initialisation and test tokens",
+    "test slice": "the same slice: the same documents, the same model",
+}
+
+
 def ranks_markdown(ranks: pd.DataFrame) -> str:
     rows = [
         [str(lab), *("–" if pd.isna(r) else str(r) for r in ranks.loc[lab])] for lab in ranks.index
@@ -35,25 +42,27 @@ def pairwise_markdown(report: Report) -> list[str]:
     """The section saying which differences between schemes the seeds support."""
     pairs, metric = report.tables["pairwise"], metrics.spec(report.options.metric).paired
     n = int(pairs["n"].max()) if len(pairs) else 0
+    unit = replicate(report.frame)
     if n < 2:
+        more = "`model.test_slices=4`" if unit == "test slice" else "e.g. `train.seed=0,1,2`"
         how = (
-            "With one seed per scheme no difference can be told from seed noise, so every "
-            "scheme shares rank 1; run seeds (e.g. `train.seed=0,1,2`) for this view."
+            f"With one {unit} per scheme no difference can be told from its noise, so every "
+            f"scheme shares rank 1; run more ({more}) for this view."
         )
     else:
         separated = int(pairs["separated"].sum())
+        same = PAIRED_ON[unit]
         how = (
             f"Rank at each length = 1 + the number of schemes separated from it and better: "
             f"two schemes are separated when the 95% t-interval of their {metric} difference, "
-            f"paired over seeds (the same seed: the same data order, trunk initialisation and "
-            f"test tokens), excludes 0. Schemes the seeds cannot tell apart share a rank. "
-            f"{separated} of {len(pairs)} pairs are separated (up to n = {n} seeds per pair; "
-            f"every pair in `tables/pairwise.csv`). Each pair is tested alone, uncorrected for "
-            f"the {len(pairs)} comparisons: about 1 in 20 pairs with no true difference is "
-            "separated by chance."
+            f"paired over {unit}s ({same}), excludes 0. Schemes the {unit}s cannot tell apart "
+            f"share a rank. {separated} of {len(pairs)} pairs are separated (up to n = {n} "
+            f"{unit}s per pair; every pair in `tables/pairwise.csv`). Each pair is tested "
+            f"alone, uncorrected for the {len(pairs)} comparisons: about 1 in 20 pairs with no "
+            "true difference is separated by chance."
         )
     return [
-        "## Which differences the seeds support",
+        f"## Which differences the {unit}s support",
         "",
         how,
         "",

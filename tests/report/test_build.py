@@ -7,6 +7,7 @@ import math
 import os
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -18,7 +19,9 @@ from pe_bench.files import write_jsonl
 from pe_bench.report import aggregate, figures
 from pe_bench.report.build import build_report
 from pe_bench.report.inputs import Options
+from pe_bench.report.markdown import caption
 from pe_bench.report.sections import score_markdown
+from pe_bench.report.significance import pairwise_markdown, pairwise_tables
 from pe_bench.report.styles import styles
 from tests.helpers import (
     CLASSIC,
@@ -194,6 +197,25 @@ def test_diverged_runs_are_shown(tmp_path):
     assert "## Diverged runs" in text
     (diverged_table,) = section_tables(text, "Diverged runs")
     assert diverged_table[1:] == [["alibi", "3", "alibi-3", "7"], ["xl", "0", "xl-0", "40"]]
+
+
+def test_a_pretrained_model_s_intervals_are_over_test_slices_not_seeds():
+    """A pretrained model's replicates are its test slices (documents): its report said it was
+    trained at L, and paired its slices as seeds sharing "data order, trunk initialisation"."""
+    rows = three_seeds()[:6]
+    for seed, shift in enumerate([-0.1, 0.1, 0.0]):
+        rows += [record("rope", seed, 16, 1.2 + shift), record("rope", seed, 32, 2.0 + seed * 0.2)]
+    df = prepared([{**row, "pretrained": True} for row in rows])
+    stats = {metric: aggregate.seed_stats(df, metric) for metric in ("ppl", "nll")}
+    said = caption(stats["ppl"], "ppl", df)
+    assert said.startswith("context L = 16 tokens") and "n = 3 test slices per cell" in said
+    report = SimpleNamespace(
+        tables=pairwise_tables(df, stats, "ppl"), options=Options(metric="ppl"), frame=df
+    )
+    text = "\n".join(pairwise_markdown(report))
+    assert "## Which differences the test slices support" in text
+    assert "paired over test slices (the same slice: the same documents, the same model)" in text
+    assert "seed" not in text and "trunk" not in text
 
 
 def test_the_report_ranks_only_what_the_seeds_separate(tmp_path):

@@ -44,10 +44,14 @@ def pairwise_markdown(report: Report) -> list[str]:
     n = int(pairs["n"].max()) if len(pairs) else 0
     unit = replicate(report.frame)
     if n < 2:
-        more = "`model.test_slices=4`" if unit == "test slice" else "e.g. `train.seed=0,1,2`"
+        more = (
+            "more test slices (e.g. `model.test_slices=4`)"
+            if unit == "test slice"
+            else "seeds (e.g. `train.seed=0,1,2`)"
+        )
         how = (
-            f"With one {unit} per scheme no difference can be told from its noise, so every "
-            f"scheme shares rank 1; run more ({more}) for this view."
+            f"With one {unit} per scheme no difference can be told from {unit} noise, so every "
+            f"scheme shares rank 1; run {more} for this view."
         )
     else:
         separated = int(pairs["separated"].sum())

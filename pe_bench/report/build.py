@@ -255,7 +255,7 @@ def write_latex(folder: Path, report: Report, diverged: str) -> list[Path]:
     title = (
         "Extrapolation score: mean NLL over the eval lengths "
         f"{', '.join(map(str, aggregate.score_grid(df)))} per run, then the mean over "
-        f"{replicate(df)}s [95% CI]; lower is better."
+        f"{replicate(df).name}s [95% CI]; lower is better."
     )
     text = score_markdown(tables["score"])
     notes = [legend(marks, "score"), *notes]

@@ -12,7 +12,7 @@ import pandas as pd
 
 from pe_bench.records import TAIL_MODE, TRUNCATE_MODE
 from pe_bench.report import compare, latex, protocols
-from pe_bench.report.markdown import markdown_table, shared_value
+from pe_bench.report.markdown import all_pretrained, markdown_table, shared_value
 
 
 def comparison_markdown(comparison: compare.Comparison, df: pd.DataFrame) -> list[str]:
@@ -37,7 +37,7 @@ def comparison_markdown(comparison: compare.Comparison, df: pd.DataFrame) -> lis
         if setup["protocol"] != mode
         else ""
     )
-    if "pretrained" in df and df["pretrained"].fillna(False).all():
+    if all_pretrained(df):
         differs += (
             f" The labels of the pretrained `{shared_value(df, 'scheme')}` are read as a RoPE "
             "model's: `rope` is the model as pretrained, `rope+<variant>` its eval-time variant."

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -47,23 +48,49 @@ def typical_n(stats: pd.DataFrame) -> int:
     return max(counts, key=lambda n: (counts[n], n)) if counts else 0
 
 
-def replicate(df: pd.DataFrame) -> str:
+class Replicate(NamedTuple):
+    """What a report's intervals are over, in the words its sentences use."""
+
+    name: str  # "seed"; plural with an s
+    length: str  # what L is: "trained at L = ..."
+    more: str  # how to run more of them
+    paired: str  # what two schemes share in one of them
+
+
+SEED = Replicate(
+    "seed",
+    "trained at",
+    "seeds (e.g. `train.seed=0,1,2`)",
+    "the same seed: the same data order, trunk initialisation and test tokens",
+)
+TEST_SLICE = Replicate(
+    "test slice",
+    "context",
+    "more test slices (e.g. `model.test_slices=4`)",
+    "the same slice: the same documents, the same model",
+)
+
+
+def all_pretrained(df: pd.DataFrame) -> bool:
+    """Whether every record is a pretrained model's (``model=hf``)."""
+    return "pretrained" in df and bool(df["pretrained"].fillna(False).astype(bool).all())
+
+
+def replicate(df: pd.DataFrame) -> Replicate:
     """What a table's intervals are over: the seeds of trained models, the test slices
-    (documents) a pretrained model (``model=hf``) is evaluated on."""
-    pretrained = "pretrained" in df and bool(df["pretrained"].fillna(False).astype(bool).all())
-    return "test slice" if pretrained else "seed"
+    (documents) a pretrained model is evaluated on."""
+    return TEST_SLICE if all_pretrained(df) else SEED
 
 
 def caption(stats: pd.DataFrame, metric: str, df: pd.DataFrame) -> str:
     """How the cells of a value table were computed, in one line."""
     n, unit = typical_n(stats), replicate(df)
     geometric = metrics.spec(metric).over_seeds == metrics.GEOMETRIC
-    how = f"{'geometric mean' if geometric else 'mean'} over {unit}s"
+    how = f"{'geometric mean' if geometric else 'mean'} over {unit.name}s"
     ci = " with [95% CI] from the t-distribution" if n > 1 else ""
-    trained = "context" if unit == "test slice" else "trained at"
     return (
-        f"{trained} L = {shared_value(df, 'train_len')} tokens, {shared_value(df, 'mode')} "
-        f"windows, {how}{ci}, n = {n} {unit}{'s' if n != 1 else ''} per cell"
+        f"{unit.length} L = {shared_value(df, 'train_len')} tokens, {shared_value(df, 'mode')} "
+        f"windows, {how}{ci}, n = {n} {unit.name}{'s' if n != 1 else ''} per cell"
     )
 
 

@@ -14,6 +14,7 @@ import pandas as pd
 
 from pe_bench.data.tokenizer import BYTE
 from pe_bench.report import aggregate, compare
+from pe_bench.report.markdown import all_pretrained
 
 # The run's eval modes that measure what a published protocol measures, best first: a table of
 # documents truncated to the window (YaRN's) is met by the truncate mode, else by windows back
@@ -53,7 +54,7 @@ def protocol_stats(
     is the report's mode, or none matches) and the records they are of; a pretrained model's
     labels as a RoPE model's (``as_rope``)."""
     modes = sorted(perplexity["mode"].unique())
-    pretrained = "pretrained" in df and df["pretrained"].fillna(False).all()
+    pretrained = all_pretrained(df)
 
     def of(table: compare.Published) -> tuple[pd.DataFrame, pd.DataFrame]:
         mode = protocol_mode(table, modes)

@@ -22,6 +22,7 @@ from pe_bench.report.inputs import (
 from pe_bench.report.markdown import (
     SKIPPED,
     SKIPPED_NOTE,
+    all_pretrained,
     caption,
     count,
     cpu_kinds,
@@ -122,9 +123,7 @@ def summary_markdown(
 ) -> str:
     """The report's opening paragraph: the models, the training and the evaluation."""
     lengths = ", ".join(str(n) for n in sorted(stats["eval_len"].unique()))
-    if (
-        "pretrained" in runs and runs["pretrained"].fillna(False).all()
-    ):  # model=hf: pe_bench.pretrained.hf
+    if all_pretrained(runs):  # model=hf: pe_bench.pretrained.hf
         return (
             f"Pretrained {', '.join(dict.fromkeys(runs['model']))} (context L = "
             f"{training_length(df)} tokens), not trained here, evaluated on `"
@@ -175,6 +174,7 @@ def tables_markdown(df: pd.DataFrame, report: Report) -> list[str]:
     if report.tokenizers:  # the score of mixed tokenizers: see ``mixed_tokenizers``
         score_unit = "NLL per byte (nats/byte: bits per byte x ln 2)"
     note = [f"{SKIPPED_NOTE} below.", ""] if len(report.skipped) else []
+    unit = replicate(df).name
     return [
         f"## {title} by evaluation length",
         "",
@@ -194,9 +194,8 @@ def tables_markdown(df: pd.DataFrame, report: Report) -> list[str]:
         "## Extrapolation score",
         "",
         f"Mean {score_unit} over the eval lengths {grid} per run, then the mean over "
-        f"{replicate(df)}s; lower is better, best first. Scores equal to the digits shown share "
-        f"a rank (marked =); which differences the {replicate(df)}s support is in the next "
-        "section.",
+        f"{unit}s; lower is better, best first. Scores equal to the digits shown share a rank "
+        f"(marked =); which differences the {unit}s support is in the next section.",
         "",
         score_markdown(report.tables["score"]),
         "",

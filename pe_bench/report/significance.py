@@ -23,13 +23,6 @@ def pairwise_tables(
     return {"pairwise": pairs, "ranks": ranks}
 
 
-# What a pair of schemes shares in one replicate of a paired test
-PAIRED_ON = {
-    "seed": "the same seed: the same data order, trunk initialisation and test tokens",
-    "test slice": "the same slice: the same documents, the same model",
-}
-
-
 def ranks_markdown(ranks: pd.DataFrame) -> str:
     rows = [
         [str(lab), *("–" if pd.isna(r) else str(r) for r in ranks.loc[lab])] for lab in ranks.index
@@ -42,28 +35,23 @@ def pairwise_markdown(report: Report) -> list[str]:
     """The section saying which differences between schemes the seeds support."""
     pairs, metric = report.tables["pairwise"], metrics.spec(report.options.metric).paired
     n = int(pairs["n"].max()) if len(pairs) else 0
-    unit = replicate(report.frame)
+    replicates = replicate(report.frame)
+    unit = replicates.name
     if n < 2:
-        more = (
-            "more test slices (e.g. `model.test_slices=4`)"
-            if unit == "test slice"
-            else "seeds (e.g. `train.seed=0,1,2`)"
-        )
         how = (
             f"With one {unit} per scheme no difference can be told from {unit} noise, so every "
-            f"scheme shares rank 1; run {more} for this view."
+            f"scheme shares rank 1; run {replicates.more} for this view."
         )
     else:
         separated = int(pairs["separated"].sum())
-        same = PAIRED_ON[unit]
         how = (
             f"Rank at each length = 1 + the number of schemes separated from it and better: "
             f"two schemes are separated when the 95% t-interval of their {metric} difference, "
-            f"paired over {unit}s ({same}), excludes 0. Schemes the {unit}s cannot tell apart "
-            f"share a rank. {separated} of {len(pairs)} pairs are separated (up to n = {n} "
-            f"{unit}s per pair; every pair in `tables/pairwise.csv`). Each pair is tested "
-            f"alone, uncorrected for the {len(pairs)} comparisons: about 1 in 20 pairs with no "
-            "true difference is separated by chance."
+            f"paired over {unit}s ({replicates.paired}), excludes 0. Schemes the {unit}s "
+            f"cannot tell apart share a rank. {separated} of {len(pairs)} pairs are separated "
+            f"(up to n = {n} {unit}s per pair; every pair in `tables/pairwise.csv`). Each pair "
+            f"is tested alone, uncorrected for the {len(pairs)} comparisons: about 1 in 20 pairs "
+            "with no true difference is separated by chance."
         )
     return [
         f"## Which differences the {unit}s support",
